@@ -1,0 +1,101 @@
+"""Column contracts between stages (documented in docs/data.md) and the one function that enforces them."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+TASKS = {
+    "task_id": "str",
+    "split": "str",
+    "suite": "str",
+    "level": "int",
+    "name": "str",
+    "code": "str",
+    "category": "str",
+    "n_ops": "int",
+    "origin": "str",
+}
+
+CANDIDATES = {
+    "candidate_id": "str",
+    "task_id": "str",
+    "sample_idx": "int",
+    "generator": "str",
+    "backend": "str",
+    "prompt": "str",
+    "response": "str",
+    "reasoning": "str",
+    "answer": "str",
+    "code": "str",
+    "reasoning_tokens": "int",
+    "completion_tokens": "int",
+    "finish_reason": "str",
+    "seed": "int",
+}
+
+VERDICTS = {
+    "candidate_id": "str",
+    "task_id": "str",
+    "status": "str",
+    "reason": "str",
+    "compiled": "bool",
+    "correct": "bool",
+    "ref_ms": "float",
+    "new_ms": "float",
+    "ref_median_ms": "float",
+    "new_median_ms": "float",
+    "speedup": "float",
+    "max_abs_err": "float",
+    "device": "str",
+    "verify_mode": "str",
+    "compile_s": "float",
+    "eval_s": "float",
+}
+
+DATASET = {
+    "candidate_id": "str",
+    "task_id": "str",
+    "generator": "str",
+    "criterion": "str",
+    "name": "str",
+    "category": "str",
+    "level": "int",
+    "prompt": "str",
+    "reasoning": "str",
+    "answer": "str",
+    "code": "str",
+    "reasoning_tokens": "int",
+    "speedup": "float",
+}
+
+STATUSES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code")
+CATEGORIES = ("single_op", "fused", "model")
+
+_PANDAS_TYPES = {"str": "string", "int": "int64", "float": "float64", "bool": "bool"}
+
+
+class ContractError(ValueError):
+    """A frame does not match its documented contract."""
+
+
+def conform(frame: pd.DataFrame, contract: dict[str, str], what: str = "frame") -> pd.DataFrame:
+    """Return `frame` with exactly the contract's columns, in order and with the documented types."""
+    missing = [col for col in contract if col not in frame.columns]
+    if missing:
+        raise ContractError(f"{what}: missing column(s) {', '.join(missing)}")
+    out = frame.loc[:, list(contract)].copy()
+    for col, kind in contract.items():
+        try:
+            out[col] = out[col].astype(_PANDAS_TYPES[kind])
+        except (TypeError, ValueError) as err:
+            raise ContractError(f"{what}: column {col!r} is not {kind}: {err}") from None
+    # arrow-backed strings round-trip through parquet; plain object columns are what downstream code expects
+    for col, kind in contract.items():
+        if kind == "str":
+            out[col] = out[col].astype(object)
+    return out.reset_index(drop=True)
+
+
+def empty(contract: dict[str, str]) -> pd.DataFrame:
+    """An empty frame with the contract's columns and types."""
+    return conform(pd.DataFrame({col: [] for col in contract}), contract)
