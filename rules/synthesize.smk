@@ -1,0 +1,25 @@
+rule synthesize:
+    """A generator writes samples_per_task candidates for every training task of one shard."""
+    input:
+        tasks=results("tasks", "train.parquet"),
+        generations=replay_file,
+    output:
+        results("candidates", "{generator}", "shard-{shard}.parquet"),
+    params:
+        settings=config["synthesize"],
+        generator=lambda wc: config["generators"][wc.generator],
+        models=config["models"],
+        shards=len(SHARDS),
+    log:
+        log_path("synthesize", "{generator}", "shard-{shard}"),
+    benchmark:
+        benchmark_path("synthesize", "{generator}", "shard-{shard}")
+    conda:
+        "../envs/torch.yaml"
+    threads: 2
+    resources:
+        gpu=gpus("synthesize"),
+        mem_mb=8000,
+        runtime=24 * 60,
+    script:
+        "../scripts/synthesize.py"

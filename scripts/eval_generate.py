@@ -1,0 +1,15 @@
+from concur.evaluate import run_generation
+from concur.logs import logging_to
+
+with logging_to(snakemake.log[0]):
+    run_generation(
+        tasks_path=snakemake.input.tasks,
+        adapter_dir=snakemake.input.adapter[0] if snakemake.input.adapter else None,
+        model_name=snakemake.wildcards.model,
+        generator_name=snakemake.params.generator_name,
+        generator=snakemake.params.generator,
+        model_specs=snakemake.params.models,
+        settings=snakemake.params.settings,
+        language=snakemake.params.language,
+        out_path=snakemake.output[0],
+    )

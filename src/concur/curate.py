@@ -1,0 +1,278 @@
+"""ConCuR curation: pick correct kernels with concise reasoning (contract 5 of docs/data.md).
+
+Criteria, applied in order; a candidate is admitted once, tagged with the first criterion that takes it:
+
+(a) ``shortest_fastest`` -- per task, among its correct kernels, the one that is both the fastest (largest
+    speedup) and has the shortest reasoning (fewest reasoning tokens).
+    * ``strict``: if no kernel is both, the task contributes nothing to (a). When several kernels are equal on
+      both counts, the smallest candidate_id is taken.
+    * ``fastest_then_shortest``: the fastest kernel; ties in speedup go to the shortest reasoning, then to the
+      smallest candidate_id.
+    Speedups are measured floats and count as equal only when exactly equal.
+(b) ``high_speedup`` -- every correct kernel with speedup > ``speedup_threshold``.
+(c) ``single_op_balance`` -- while single_op rows / all rows < ``single_op_share``, add one more correct
+    single_op kernel: first from tasks not yet in the dataset, then by shortest reasoning, then candidate_id.
+
+Ablation subsets (``min``, ``max``, ``speedup``, ``random``) have the dataset's size (capped at the number of
+correct candidates) and are drawn from all correct candidates; ties are broken by candidate_id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from concur import contracts
+
+CRITERIA = ("shortest_fastest", "high_speedup", "single_op_balance")
+ABLATIONS = ("min", "max", "speedup", "random")
+SELECTIONS = ("strict", "fastest_then_shortest")
+TIE_RULE = (
+    "Ties: among kernels equal on the deciding keys the smallest candidate_id wins; speedups are equal only "
+    "when exactly equal."
+)
+
+_CANDIDATE_COLUMNS = ("candidate_id", "task_id", "generator", "prompt", "reasoning", "answer", "code",
+                      "reasoning_tokens")
+_VERDICT_COLUMNS = ("candidate_id", "task_id", "correct", "speedup")
+_TASK_COLUMNS = ("task_id", "name", "category", "level")
+
+
+@dataclass
+class Curated:
+    dataset: pd.DataFrame
+    subsets: dict[str, pd.DataFrame] = field(default_factory=dict)
+    sft: list[dict] = field(default_factory=list)
+    card: str = ""
+
+
+def _require(frame: pd.DataFrame, columns, what: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{what}: missing column(s) {', '.join(missing)}")
+
+
+def _require_unique(frame: pd.DataFrame, column: str, what: str) -> None:
+    dup = frame[column][frame[column].duplicated()]
+    if len(dup):
+        raise ValueError(f"{what}: duplicate {column} {dup.iloc[0]!r}")
+
+
+def join_candidates(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame) -> pd.DataFrame:
+    """One row per candidate with its verdict (correct, speedup) and its task (name, category, level).
+
+    Every candidate needs exactly one verdict with the same task_id, and every task_id must be in `tasks`.
+    """
+    _require(candidates, _CANDIDATE_COLUMNS, "candidates")
+    _require(verdicts, _VERDICT_COLUMNS, "verdicts")
+    _require(tasks, _TASK_COLUMNS, "tasks")
+    _require_unique(candidates, "candidate_id", "candidates")
+    _require_unique(verdicts, "candidate_id", "verdicts")
+    _require_unique(tasks, "task_id", "tasks")
+
+    cand = candidates.loc[:, list(_CANDIDATE_COLUMNS)]
+    verd = verdicts.loc[:, list(_VERDICT_COLUMNS)].rename(columns={"task_id": "verdict_task_id"})
+    merged = cand.merge(verd, on="candidate_id", how="outer", indicator=True)
+    orphans = merged[merged["_merge"] != "both"]
+    if len(orphans):
+        row = orphans.iloc[0]
+        side = "no verdict" if row["_merge"] == "left_only" else "a verdict but no candidate row"
+        raise ValueError(f"candidate {row['candidate_id']!r} has {side}")
+    clash = merged[merged["task_id"] != merged["verdict_task_id"]]
+    if len(clash):
+        row = clash.iloc[0]
+        raise ValueError(f"candidate {row['candidate_id']!r}: candidate task_id {row['task_id']!r} != "
+                         f"verdict task_id {row['verdict_task_id']!r}")
+    unknown = sorted(set(merged["task_id"]) - set(tasks["task_id"]))
+    if unknown:
+        raise ValueError(f"candidates refer to task_id {unknown[0]!r}, which is not in the tasks table")
+
+    merged = merged.drop(columns=["_merge", "verdict_task_id"])
+    merged = merged.merge(tasks.loc[:, list(_TASK_COLUMNS)], on="task_id", how="left")
+    merged["correct"] = merged["correct"].astype(bool)
+    merged["speedup"] = merged["speedup"].astype(float)
+    merged["reasoning_tokens"] = merged["reasoning_tokens"].astype("int64")
+    return merged.sort_values("candidate_id", kind="stable").reset_index(drop=True)
+
+
+def _speed_key(frame: pd.DataFrame) -> pd.Series:
+    """Speedup for ranking: an unmeasured (NaN) speedup ranks below every measured one."""
+    return frame["speedup"].fillna(-np.inf)
+
+
+def _pick_strict(group: pd.DataFrame) -> str | None:
+    speed = _speed_key(group)
+    both = group[(speed == speed.max()) & (group["reasoning_tokens"] == group["reasoning_tokens"].min())]
+    return min(both["candidate_id"]) if len(both) else None
+
+
+def _pick_fastest_then_shortest(group: pd.DataFrame) -> str:
+    ranked = group.assign(_neg_speed=-_speed_key(group))
+    ranked = ranked.sort_values(["_neg_speed", "reasoning_tokens", "candidate_id"], kind="stable")
+    return ranked["candidate_id"].iloc[0]
+
+
+def select_shortest_fastest(correct: pd.DataFrame, selection: str) -> list[str]:
+    """Criterion (a): candidate ids, one per task at most, in task_id order."""
+    if selection not in SELECTIONS:
+        raise ValueError(f"curate.selection: {selection!r} is not one of {', '.join(SELECTIONS)}")
+    pick = _pick_strict if selection == "strict" else _pick_fastest_then_shortest
+    chosen = []
+    for _, group in correct.groupby("task_id", sort=True):
+        cid = pick(group)
+        if cid is not None:
+            chosen.append(cid)
+    return chosen
+
+
+def select_high_speedup(correct: pd.DataFrame, threshold: float, taken: set[str]) -> list[str]:
+    """Criterion (b): every correct kernel faster than `threshold`, not already taken, in candidate_id order."""
+    fast = correct[(correct["speedup"] > threshold) & ~correct["candidate_id"].isin(taken)]
+    return list(fast["candidate_id"])
+
+
+def select_single_op_balance(correct: pd.DataFrame, admitted: pd.DataFrame, share: float) -> list[str]:
+    """Criterion (c): single_op kernels added one by one until single_op rows / all rows >= `share`."""
+    pool = correct[(correct["category"] == "single_op") & ~correct["candidate_id"].isin(set(admitted["candidate_id"]))]
+    pool = pool.sort_values(["reasoning_tokens", "candidate_id"], kind="stable")
+    # Greedy order: each unrepresented task's best kernel (best first), then everything else by the same key.
+    represented = set(admitted["task_id"])
+    firsts = pool[~pool["task_id"].isin(represented)].drop_duplicates("task_id")
+    order = list(firsts["candidate_id"]) + [c for c in pool["candidate_id"] if c not in set(firsts["candidate_id"])]
+
+    singles = int((admitted["category"] == "single_op").sum())
+    total = len(admitted)
+    chosen = []
+    for cid in order:
+        if share <= 0 or (total and singles / total >= share):
+            break
+        chosen.append(cid)
+        singles += 1
+        total += 1
+    return chosen
+
+
+def _rows(correct: pd.DataFrame, ids: list[str], criterion: str) -> pd.DataFrame:
+    by_id = correct.set_index("candidate_id", drop=False)
+    return by_id.loc[ids].assign(criterion=criterion).reset_index(drop=True)
+
+
+def _ablation(correct: pd.DataFrame, name: str, size: int, seed: int) -> pd.DataFrame:
+    pool = correct.sort_values("candidate_id", kind="stable").reset_index(drop=True)
+    size = min(size, len(pool))
+    if name == "min":
+        ordered = pool.sort_values("reasoning_tokens", kind="stable")
+    elif name == "max":
+        ordered = pool.sort_values("reasoning_tokens", ascending=False, kind="stable")
+    elif name == "speedup":
+        ordered = pool.assign(_neg=-_speed_key(pool)).sort_values("_neg", kind="stable")
+    elif name == "random":
+        picks = np.random.default_rng(seed).choice(len(pool), size=size, replace=False) if size else []
+        ordered = pool.iloc[list(picks)]
+    else:
+        raise ValueError(f"curate.ablations: unknown subset {name!r} (known: {', '.join(ABLATIONS)})")
+    subset = ordered.head(size).assign(criterion=name)
+    return contracts.conform(subset, contracts.DATASET, f"subset {name}")
+
+
+def sft_record(row) -> dict:
+    """One chat-format training record (docs/data.md, concur_sft.jsonl) from a dataset row or dict."""
+    assistant = f"<think>\n{row['reasoning']}\n</think>\n\n{row['answer']}"
+    return {
+        "candidate_id": str(row["candidate_id"]),
+        "task_id": str(row["task_id"]),
+        "messages": [
+            {"role": "user", "content": str(row["prompt"])},
+            {"role": "assistant", "content": assistant},
+        ],
+    }
+
+
+def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame, settings: dict) -> Curated:
+    """Build the ConCuR dataset, its ablation subsets, the SFT records and the dataset card."""
+    selection = settings.get("selection", "strict")
+    threshold = float(settings.get("speedup_threshold", 5.0))
+    share = float(settings.get("single_op_share", 0.3))
+    ablations = list(settings.get("ablations", ABLATIONS))
+    seed = int(settings.get("seed", 0))
+    if not 0 <= share <= 1:
+        raise ValueError(f"curate.single_op_share: {share} is not in 0..1")
+    unknown = [a for a in ablations if a not in ABLATIONS]
+    if unknown:
+        raise ValueError(f"curate.ablations: unknown subset {unknown[0]!r} (known: {', '.join(ABLATIONS)})")
+
+    joined = join_candidates(candidates, verdicts, tasks)
+    correct = joined[joined["correct"]].reset_index(drop=True)
+
+    ids_a = select_shortest_fastest(correct, selection)
+    ids_b = select_high_speedup(correct, threshold, set(ids_a))
+    admitted = pd.concat([_rows(correct, ids_a, CRITERIA[0]), _rows(correct, ids_b, CRITERIA[1])],
+                         ignore_index=True)
+    ids_c = select_single_op_balance(correct, admitted, share)
+    admitted = pd.concat([admitted, _rows(correct, ids_c, CRITERIA[2])], ignore_index=True)
+    dataset = contracts.conform(admitted, contracts.DATASET, "curated dataset")
+
+    subsets = {name: _ablation(correct, name, len(dataset), seed) for name in ablations}
+    sft = [sft_record(row) for _, row in dataset.iterrows()]
+    card = dataset_card(dataset, joined, settings={"selection": selection, "speedup_threshold": threshold,
+                                                   "single_op_share": share, "ablations": ablations,
+                                                   "seed": seed})
+    return Curated(dataset=dataset, subsets=subsets, sft=sft, card=card)
+
+
+# ---------------------------------------------------------------- dataset card
+
+def _fmt(value: float) -> str:
+    return "n/a" if pd.isna(value) else f"{value:.4g}"
+
+
+def _stats_row(label: str, values: pd.Series) -> str:
+    values = values.dropna().astype(float)
+    if values.empty:
+        return f"| {label} | 0 | n/a | n/a | n/a | n/a |"
+    return (f"| {label} | {len(values)} | {_fmt(values.min())} | {_fmt(values.median())} | "
+            f"{_fmt(values.mean())} | {_fmt(values.max())} |")
+
+
+def _count_table(series: pd.Series, header: str, order) -> list[str]:
+    counts = series.value_counts()
+    keys = list(order) + sorted(k for k in counts.index if k not in order)
+    lines = [f"| {header} | rows |", "|---|---:|"]
+    lines += [f"| {k} | {int(counts.get(k, 0))} |" for k in keys]
+    return lines
+
+
+def dataset_card(dataset: pd.DataFrame, joined: pd.DataFrame, settings: dict) -> str:
+    """Markdown card: sources, counts per criterion and category, reasoning-length and speedup statistics."""
+    correct = joined[joined["correct"]]
+    generators = ", ".join(sorted(set(joined["generator"]))) or "none"
+    lines = [
+        "# ConCuR dataset card",
+        "",
+        f"- Generators: {generators}",
+        f"- Candidates: {len(joined)} over {joined['task_id'].nunique()} tasks; correct: {len(correct)} "
+        f"over {correct['task_id'].nunique()} tasks",
+        f"- Dataset rows: {len(dataset)} over {dataset['task_id'].nunique()} tasks",
+        "",
+    ]
+    if dataset.empty:
+        lines += ["**The dataset is empty**: no candidate was admitted "
+                  f"({'no correct candidates' if correct.empty else 'no criterion matched'}).", ""]
+    lines += ["## Rows per criterion", ""] + _count_table(dataset["criterion"], "criterion", CRITERIA)
+    lines += ["", "## Rows per category", ""] + _count_table(dataset["category"], "category", contracts.CATEGORIES)
+    stats_header = ["| set | n | min | median | mean | max |", "|---|---:|---:|---:|---:|---:|"]
+    lines += ["", "## Reasoning length (tokens)", ""] + stats_header + [
+        _stats_row("dataset", dataset["reasoning_tokens"]),
+        _stats_row("all correct candidates", correct["reasoning_tokens"]),
+    ]
+    lines += ["", "## Speedup (reference time / kernel time)", ""] + stats_header + [
+        _stats_row("dataset", dataset["speedup"]),
+        _stats_row("all correct candidates", correct["speedup"]),
+    ]
+    lines += ["", "## Settings", ""] + [f"- `{k}`: {v}" for k, v in settings.items()]
+    lines += ["", "## Tie rule", "", TIE_RULE, "",
+              "Under `strict` a task whose fastest kernel is not also its shortest-reasoning kernel adds nothing "
+              "to `shortest_fastest`.", ""]
+    return "\n".join(lines)

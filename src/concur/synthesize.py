@@ -1,0 +1,226 @@
+"""The synthesize stage: prompts for tasks -> generations from a backend -> the candidates contract.
+
+Backends yield `Generation`s; everything after (extraction, token counts, ids) is shared, so training candidates and
+evaluation candidates are produced by the same code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Protocol
+
+import pandas as pd
+
+from . import contracts
+from .extract import extract
+from .prompts import build_prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Request:
+    task_id: str
+    prompt: str
+
+
+@dataclass(frozen=True)
+class Generation:
+    task_id: str
+    sample_idx: int
+    response: str
+    finish_reason: str
+    seed: int
+    reasoning: str | None = None  # a backend's separate reasoning field, when it has one
+
+
+class Backend(Protocol):
+    name: str
+
+    def generate(self, requests: list[Request], samples: int) -> Iterator[Generation]: ...
+
+
+def candidate_id(generator: str, task_id: str, sample_idx: int) -> str:
+    return hashlib.sha256(f"{generator}\x1f{task_id}\x1f{sample_idx}".encode()).hexdigest()[:16]
+
+
+class ReplayBackend:
+    """Generations made elsewhere, from JSONL or parquet rows with `task_id`, `response` and optionally
+    `sample_idx` (else the row's order within its task), `reasoning`, `finish_reason`, `seed`."""
+
+    name = "replay"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.rows = _read_generations(self.path)
+
+    def generate(self, requests: list[Request], samples: int) -> Iterator[Generation]:
+        wanted = {r.task_id for r in requests}
+        by_task: dict[str, int] = {}
+        for row in self.rows:
+            task_id = row["task_id"]
+            if task_id not in wanted:
+                continue
+            idx = int(row.get("sample_idx", by_task.get(task_id, 0)))
+            by_task[task_id] = idx + 1
+            if idx >= samples:
+                continue
+            yield Generation(task_id, idx, row["response"], row.get("finish_reason") or "replay",
+                             int(row.get("seed") or 0), row.get("reasoning") or None)
+        absent = sorted(wanted - set(by_task))
+        if absent:
+            log.warning("%s has no generations for %d task(s), e.g. %s", self.path, len(absent), absent[0])
+
+
+def _read_generations(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: generations file not found")
+    if path.suffix == ".parquet":
+        rows = pd.read_parquet(path).to_dict("records")
+        where = lambda i: f"{path} row {i}"  # noqa: E731
+    else:
+        rows = []
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+        where = lambda i: f"{path} record {i + 1}"  # noqa: E731
+    for i, row in enumerate(rows):
+        missing = [k for k in ("task_id", "response") if not isinstance(row.get(k), str)]
+        if missing:
+            raise ValueError(f"{where(i)}: missing or non-string {', '.join(missing)}")
+    return rows
+
+
+class TransformersBackend:
+    """Batched sampling with a Hugging Face model and its chat template (optionally with a peft adapter)."""
+
+    name = "transformers"
+
+    def __init__(self, model_spec: dict, settings: dict, adapter: str | Path | None = None, device: str | None = None):
+        import torch
+
+        from .models import load_model, load_tokenizer
+
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.settings = settings
+        self.tokenizer = load_tokenizer(model_spec)
+        self.tokenizer.padding_side = "left"
+        self.model = load_model(model_spec, self.device)
+        if adapter:
+            from peft import PeftModel
+
+            self.model = PeftModel.from_pretrained(self.model, str(adapter))
+        self.model.eval()
+
+    def generate(self, requests: list[Request], samples: int) -> Iterator[Generation]:
+        from tqdm import tqdm
+
+        size = self.settings["batch_size"]
+        batches = [requests[i:i + size] for i in range(0, len(requests), size)]
+        with tqdm(total=len(batches) * samples, desc="generate", unit="batch") as bar:
+            for sample_idx in range(samples):
+                seed = self.settings["seed"] + sample_idx
+                for batch in batches:
+                    yield from self._sample(batch, sample_idx, seed)
+                    bar.update()
+
+    def _sample(self, batch: list[Request], sample_idx: int, seed: int) -> Iterator[Generation]:
+        import torch
+        from transformers import set_seed
+
+        texts = [self.tokenizer.apply_chat_template([{"role": "user", "content": r.prompt}], tokenize=False,
+                                                    add_generation_prompt=True) for r in batch]
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        temperature = self.settings["temperature"]
+        set_seed(seed)
+        with torch.inference_mode():
+            out = self.model.generate(
+                **enc,
+                do_sample=temperature > 0,
+                temperature=temperature if temperature > 0 else None,
+                top_p=self.settings["top_p"] if temperature > 0 else None,
+                max_new_tokens=self.settings["max_new_tokens"],
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
+        new_tokens = out[:, enc["input_ids"].shape[1]:]
+        eos = self.tokenizer.eos_token_id
+        for req, tokens in zip(batch, new_tokens):
+            ended = eos is not None and bool((tokens == eos).any())
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            yield Generation(req.task_id, sample_idx, text, "stop" if ended else "length", seed)
+
+
+def make_backend(generator: dict, model_specs: dict, settings: dict, adapter: str | Path | None = None) -> Backend:
+    if generator["backend"] == "replay":
+        return ReplayBackend(generator["path"])
+    if generator["backend"] == "transformers":
+        return TransformersBackend(model_specs[generator["model"]], settings, adapter or generator.get("adapter"))
+    raise ValueError(f"unknown generator backend {generator['backend']!r}")
+
+
+def to_candidates(generations: Iterable[Generation], prompts: dict[str, str], generator: str, backend: str,
+                  tokenizer) -> pd.DataFrame:
+    """Extract reasoning/answer/code and count tokens; one row per generation, in contracts.CANDIDATES."""
+    rows = []
+    for gen in generations:
+        parts = extract(gen.response, gen.reasoning)
+        full = gen.response if gen.reasoning is None else gen.reasoning + gen.response
+        rows.append({
+            "candidate_id": candidate_id(generator, gen.task_id, gen.sample_idx),
+            "task_id": gen.task_id,
+            "sample_idx": gen.sample_idx,
+            "generator": generator,
+            "backend": backend,
+            "prompt": prompts[gen.task_id],
+            "response": gen.response,
+            "reasoning": parts.reasoning,
+            "answer": parts.answer,
+            "code": parts.code,
+            "reasoning_tokens": _count(tokenizer, parts.reasoning),
+            "completion_tokens": _count(tokenizer, full),
+            "finish_reason": gen.finish_reason,
+            "seed": gen.seed,
+        })
+    frame = pd.DataFrame(rows, columns=list(contracts.CANDIDATES))
+    frame = frame.sort_values(["task_id", "sample_idx"], kind="stable")
+    dupes = frame["candidate_id"].duplicated()
+    if dupes.any():
+        raise ValueError(f"generator {generator}: task {frame.loc[dupes, 'task_id'].iloc[0]} has a sample_idx twice")
+    return contracts.conform(frame, contracts.CANDIDATES, "candidates")
+
+
+def _count(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
+
+
+def generate_candidates(tasks: pd.DataFrame, generator_name: str, generator: dict, model_specs: dict,
+                        settings: dict, language: str, samples: int, adapter: str | Path | None = None) -> pd.DataFrame:
+    """Prompts for `tasks`, generations from the generator, candidates out."""
+    from .models import load_tokenizer
+
+    prompts = {row.task_id: build_prompt(row.code, language) for row in tasks.itertuples()}
+    requests = [Request(task_id, prompt) for task_id, prompt in prompts.items()]
+    backend = make_backend(generator, model_specs, settings, adapter)
+    token_spec = model_specs[generator["tokenizer"] if generator["backend"] == "replay" else generator["model"]]
+    generations = list(backend.generate(requests, samples))
+    log.info("%s: %d generations for %d tasks", generator_name, len(generations), len(requests))
+    return to_candidates(generations, prompts, generator_name, backend.name, load_tokenizer(token_spec))
+
+
+def run(tasks_path: str, shard: int, n_shards: int, generator_name: str, config: dict, out_path: str) -> None:
+    """The synthesize stage for one shard of the training tasks."""
+    from .io import write_parquet
+    from .tasks import select_shard
+
+    settings = config["synthesize"]
+    tasks = select_shard(pd.read_parquet(tasks_path), shard, n_shards)
+    frame = generate_candidates(tasks, generator_name, config["generators"][generator_name], config["models"],
+                                settings, settings["language"], settings["samples_per_task"])
+    write_parquet(frame, out_path)

