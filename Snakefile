@@ -12,7 +12,7 @@ min_version("8.0")
 SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
 # scripts run in their own interpreters (and conda envs): they find the package through PYTHONPATH
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
+os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
 
 from concur import config as concur_config
 

@@ -53,8 +53,9 @@ def test_missing_gguf_file_lists_the_gguf_files_present(tmp_path):
         (tmp_path / "b.gguf").write_bytes(b"")
         (tmp_path / "a.gguf").write_bytes(b"")
         models.load_model({"path": str(tmp_path), "gguf_file": "c.gguf"})
+    (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="gguf files there: none"):
-        models.load_model({"path": str(tmp_path / ".."), "gguf_file": "c.gguf"})
+        models.load_model({"path": str(tmp_path / "empty"), "gguf_file": "c.gguf"})
 
 
 def test_dtype_auto_depends_on_the_device():

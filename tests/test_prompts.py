@@ -44,13 +44,13 @@ def test_cuda_prompt_asks_for_cuda_and_shows_a_global_kernel() -> None:
 def test_cpp_prompt_asks_for_cpu_cpp_and_shows_a_plain_loop() -> None:
     prompt = build_prompt(TASK, "cpp")
     assert "custom C++ CPU kernels" in prompt
-    assert "for (int64_t i = 0" in prompt
+    assert "for (int64_t i = 0; i < a.numel(); ++i) pc[i] = pa[i] + pb[i];" in prompt
     assert "__global__" not in prompt and "cuda_sources=" not in prompt
 
 
 def test_prompt_states_the_contract() -> None:
     prompt = build_prompt(TASK, "cpp")
-    for phrase in ("ModelNew", "load_inline", "__init__", "<think>", "single ```python block"):
+    for phrase in ("ModelNew", "load_inline", "__init__", "<think>", "one ```python block"):
         assert phrase in prompt
 
 
@@ -63,9 +63,9 @@ def test_example_answer_is_valid_python_defining_model_new(language: str) -> Non
 
 
 def test_prompt_without_task_is_compact() -> None:
-    # ~4 characters per token: 1400 characters stays under the ~350-token budget.
+    # Measured with the SmolLM2 tokenizer: cpp 311 tokens (924 chars), cuda 398 tokens (1198 chars).
     for language in LANGUAGES:
-        assert len(build_prompt("", language)) < 1400
+        assert len(build_prompt("", language)) < 1250
 
 
 @pytest.mark.parametrize("language", ["CUDA", "triton", ""])

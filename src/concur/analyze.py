@@ -13,12 +13,17 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 from scipy import stats
 
 from concur.curate import join_candidates
+from concur.io import atomic_path, read_parquets, write_json
 
 DPI = 120
 DIFFICULTIES = ("Easy", "Medium", "Hard")
+METRIC_LABELS = {"exec": "Exec (correct)", "fast_1": "fast_1 (correct and faster than eager)"}
 DIFFICULTY_COLOURS = {"Easy": "tab:green", "Medium": "tab:orange", "Hard": "tab:red"}
 WITHIN_TASK_NORMALISATION = (
     "z-score within each task of both reasoning_tokens and speedup (tasks with < 2 correct candidates or a "
@@ -127,7 +132,8 @@ def _placeholder(ax, text: str) -> None:
 
 def _save(fig: Figure, path: Path) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=DPI, format="png")
 
 
 def plot_accuracy_by_length(bins: list[dict], path: Path) -> None:
@@ -185,6 +191,10 @@ def plot_speedup_vs_length(correct: pd.DataFrame, fit: dict, path: Path) -> None
             ax.plot([], [], " ", label="r undefined (< 3 points or constant)")
         ax.axhline(1.0, color="grey", linestyle=":", label="speedup 1 (PyTorch eager)")
         ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.set_xlabel("reasoning length (tokens)")
         ax.set_ylabel("speedup over PyTorch eager (×, log scale)")
         ax.legend(fontsize=8)
@@ -192,7 +202,7 @@ def plot_speedup_vs_length(correct: pd.DataFrame, fit: dict, path: Path) -> None
 
 
 def plot_arl_difficulty(arl_rows: list[dict], easy_below: float, hard_above: float, path: Path) -> None:
-    fig, ax = _new_axes("Average reasoning length (ARL) per task", size=(max(7, 0.35 * len(arl_rows) + 2), 4.5))
+    fig, ax = _new_axes("Average reasoning length (ARL) per task", size=(max(8.5, 0.35 * len(arl_rows) + 4), 4.5))
     if not arl_rows:
         _placeholder(ax, "no candidates")
     else:
@@ -200,15 +210,23 @@ def plot_arl_difficulty(arl_rows: list[dict], easy_below: float, hard_above: flo
         ax.bar(range(len(ordered)), [r["arl"] for r in ordered],
                color=[DIFFICULTY_COLOURS[r["difficulty"]] for r in ordered])
         ax.set_xticks(range(len(ordered)), [r["name"] for r in ordered], rotation=60, ha="right", fontsize=8)
-        for level in DIFFICULTIES:
-            n = sum(r["difficulty"] == level for r in ordered)
-            ax.bar([], [], color=DIFFICULTY_COLOURS[level], label=f"{level} (n = {n})")
-        ax.axhline(easy_below, color="tab:green", linestyle="--", label=f"Easy below {easy_below:g} tokens")
-        ax.axhline(hard_above, color="tab:red", linestyle="--", label=f"Hard above {hard_above:g} tokens")
-        top = max(max(r["arl"] for r in ordered), 1.0)
-        ax.set_ylim(0, top * 1.15)  # thresholds far above the data would flatten the bars; they may lie off-axis
+        highest = max(max(r["arl"] for r in ordered), 1.0)
+        # a threshold up to twice the highest ARL stretches the axis; one further up would flatten the bars
+        near = [v for v in (easy_below, hard_above) if v <= 2 * highest]
+        top = max([highest * 1.15] + [v * 1.1 for v in near])
+        handles = [Patch(color=DIFFICULTY_COLOURS[level],
+                         label=f"{level} (n = {sum(r['difficulty'] == level for r in ordered)} tasks)")
+                   for level in DIFFICULTIES]
+        for value, label, colour in ((easy_below, "Easy below", "tab:green"), (hard_above, "Hard above", "tab:red")):
+            shown = value <= top
+            if shown:
+                ax.axhline(value, color=colour, linestyle="--")
+            handles.append(Line2D([], [], color=colour, linestyle="--",
+                                  label=f"{label} {value:g} tokens" + ("" if shown else " (above the axis)")))
+        ax.set_ylim(0, top)
+        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.set_xlabel("task")
         ax.set_ylabel("ARL (tokens)")
-        ax.legend(fontsize=8)
     _save(fig, path)
 
 
@@ -222,7 +240,7 @@ def plot_eval_scores(overall: pd.DataFrame | None, path: Path) -> None:
         width = 0.8 / len(metrics)
         for i, metric in enumerate(metrics):
             values = overall[metric].fillna(0.0).to_numpy(dtype=float)
-            bars = ax.bar(x + (i - (len(metrics) - 1) / 2) * width, values, width, label=metric)
+            bars = ax.bar(x + (i - (len(metrics) - 1) / 2) * width, values, width, label=METRIC_LABELS[metric])
             ax.bar_label(bars, labels=[f"{v:.0%}" for v in values], fontsize=8)
         ax.set_xticks(x, [f"{m}\n(n = {int(s)} samples)" for m, s in zip(overall["model"], overall["n_samples"])])
         ax.set_ylim(0, 1.12)
@@ -299,3 +317,15 @@ def analyze(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFram
     plot_eval_scores(overall, fig_dir / "eval_scores.png")
     summary["figures"] = _captions(summary)
     return summary
+
+
+def run(candidate_paths, verified_paths, tasks_path, scores_path, settings: dict, summary_path, figure_paths) -> None:
+    """The analyze stage: figures next to each other in one folder, and summary.json."""
+    fig_dir = Path(figure_paths[0]).parent
+    expected = {Path(p).name for p in figure_paths}
+    scores = pd.read_csv(scores_path) if scores_path else None
+    summary = analyze(read_parquets(candidate_paths), read_parquets(verified_paths), pd.read_parquet(tasks_path),
+                      scores, settings, fig_dir)
+    if set(summary["figures"]) != expected:
+        raise ValueError(f"analyze wrote {sorted(summary['figures'])}, the workflow expects {sorted(expected)}")
+    write_json(summary, summary_path)

@@ -20,11 +20,13 @@ correct candidates) and are drawn from all correct candidates; ties are broken b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from concur import contracts
+from concur.io import read_parquets, write_jsonl, write_parquet, write_text
 
 CRITERIA = ("shortest_fastest", "high_speedup", "single_op_balance")
 ABLATIONS = ("min", "max", "speedup", "random")
@@ -140,7 +142,8 @@ def select_single_op_balance(correct: pd.DataFrame, admitted: pd.DataFrame, shar
     # Greedy order: each unrepresented task's best kernel (best first), then everything else by the same key.
     represented = set(admitted["task_id"])
     firsts = pool[~pool["task_id"].isin(represented)].drop_duplicates("task_id")
-    order = list(firsts["candidate_id"]) + [c for c in pool["candidate_id"] if c not in set(firsts["candidate_id"])]
+    first_ids = set(firsts["candidate_id"])
+    order = list(firsts["candidate_id"]) + [c for c in pool["candidate_id"] if c not in first_ids]
 
     singles = int((admitted["category"] == "single_op").sum())
     total = len(admitted)
@@ -276,3 +279,14 @@ def dataset_card(dataset: pd.DataFrame, joined: pd.DataFrame, settings: dict) ->
               "Under `strict` a task whose fastest kernel is not also its shortest-reasoning kernel adds nothing "
               "to `shortest_fastest`.", ""]
     return "\n".join(lines)
+
+
+def run(candidate_paths, verified_paths, tasks_path, settings: dict, outputs) -> None:
+    """The curate stage. `outputs` has .dataset, .sft, .card and .subsets (paths named {subset}.parquet)."""
+    curated = curate(read_parquets(candidate_paths), read_parquets(verified_paths), pd.read_parquet(tasks_path),
+                     settings)
+    write_parquet(curated.dataset, outputs.dataset)
+    write_jsonl(curated.sft, outputs.sft)
+    write_text(curated.card, outputs.card)
+    for path in outputs.subsets:
+        write_parquet(curated.subsets[Path(path).stem], path)

@@ -112,7 +112,7 @@ def scores_markdown(scores: pd.DataFrame) -> str:
     header = ["model"] + [f"{short} {labels.get(m, m)}" for _, _, short in groups for m in metrics]
     lines = ["# Evaluation scores", "",
              "Values in % (Exec: correct samples; fast_1: correct and faster than PyTorch eager; pass@k: unbiased, "
-             "mean over tasks). L1/L2/L3: KernelBench levels.", "",
+             "mean over tasks; – where no task of the group has k samples). L1/L2/L3: KernelBench levels.", "",
              "| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for model in dict.fromkeys(scores["model"]):
         cells = [str(model)]
@@ -126,3 +126,26 @@ def scores_markdown(scores: pd.DataFrame) -> str:
         f"{short} {int(counts[(counts['scope'] == s) & (counts['group'] == g)]['n_tasks'].iloc[0])}"
         for s, g, short in groups if len(counts[(counts['scope'] == s) & (counts['group'] == g)])), ""]
     return "\n".join(lines)
+
+
+def run_generation(tasks_path, adapter_dir, model_name: str, generator_name: str, generator: dict, model_specs: dict,
+                   settings: dict, language: str, out_path) -> None:
+    """Eval generation for one model: the base generator, or the base generator with a trained adapter."""
+    from concur.io import write_parquet
+    from concur.synthesize import generate_candidates
+
+    label = generator_name if model_name == "base" else f"{generator_name}+{model_name}"
+    frame = generate_candidates(pd.read_parquet(tasks_path), label, generator, model_specs, settings, language,
+                                settings["samples"], adapter=adapter_dir)
+    write_parquet(frame, out_path)
+
+
+def run_scoring(verified_paths: dict, tasks_path, settings: dict, csv_path, markdown_path) -> None:
+    """Score every model's eval verdicts into scores.csv and scores.md."""
+    from concur.io import atomic_path, write_text
+
+    scores = score({model: pd.read_parquet(path) for model, path in verified_paths.items()},
+                   pd.read_parquet(tasks_path), settings)
+    with atomic_path(csv_path) as tmp:
+        scores.to_csv(tmp, index=False)
+    write_text(scores_markdown(scores), markdown_path)

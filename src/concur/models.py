@@ -34,8 +34,27 @@ def load_model(spec: dict, device: str = "cpu"):
     source = resolve_path(spec)
     kwargs = _source_kwargs(source, spec.get("gguf_file"), spec.get("revision"))
     kwargs["dtype"] = torch_dtype(spec.get("dtype", "auto"), device)
+    if "gguf_file" in kwargs:
+        kwargs.update(_dense_gguf_kwargs())
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    _forget_gguf_quantizer(model)
     return model.to(device).eval()
+
+
+def _dense_gguf_kwargs() -> dict[str, Any]:
+    """transformers >= 5 may keep GGUF weights packed (with the `kernels` package); ask for plain dense weights."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # transformers 4.x always dequantises GGUF files
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+def _forget_gguf_quantizer(model) -> None:
+    """A dequantised GGUF model is a plain model; without this, Trainer refuses it as "quantized, not trainable"."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and getattr(quantizer.quantization_config, "dequantize", False):
+        quantizer.remove_quantization_config(model)
 
 
 def torch_dtype(name: str, device: str):

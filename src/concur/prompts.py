@@ -2,12 +2,11 @@
 
 LANGUAGES = ("cuda", "cpp")
 
-_TEMPLATE = """Rewrite the PyTorch `Model` below as `ModelNew`: same `__init__` signature and parameters, same \
-forward inputs and outputs, with some or all operators replaced by {kernel_kind} built with \
-torch.utils.cpp_extension.load_inline ({language_rule}). Think it through inside <think>...</think>, then give the \
-whole program in a single ```python block.
+_TEMPLATE = """Rewrite the PyTorch `Model` below as `ModelNew` (same `__init__` arguments, parameters, inputs and \
+outputs), replacing some or all operators with {kernel_kind} built by torch.utils.cpp_extension.load_inline \
+({language_rule}). Reason inside <think>...</think>, then give the full program in one ```python block.
 
-Example: for a `Model` whose forward(a, b) returns a + b, an answer is
+Example, for forward(a, b) returning a + b:
 ```python
 {example}
 ```
@@ -24,8 +23,8 @@ _KERNEL_KIND = {
 }
 
 _LANGUAGE_RULE = {
-    "cuda": "`__global__` kernels and their launchers in cuda_sources, launcher declarations in cpp_sources",
-    "cpp": "cpp_sources only, no CUDA; functions=[...] makes the bindings",
+    "cuda": "`__global__` kernels and launchers in cuda_sources, declarations in cpp_sources",
+    "cpp": "cpp_sources only, no CUDA",
 }
 
 _HEADER = "import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n"
@@ -33,31 +32,31 @@ _HEADER = "import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension i
 _MODEL_NEW = '''
 class ModelNew(nn.Module):
     def forward(self, a, b):
-        return ext.add(a.contiguous(), b.contiguous())'''
+        return ext.add(a, b)'''
 
 _KERNELS = {
     "cuda": '''
 src = """
-__global__ void add_kernel(const float* a, const float* b, float* out, int n) {
+__global__ void add_kernel(const float* a, const float* b, float* c, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = a[i] + b[i];
+    if (i < n) c[i] = a[i] + b[i];
 }
 torch::Tensor add(torch::Tensor a, torch::Tensor b) {
-    auto out = torch::empty_like(a);
+    auto c = torch::empty_like(a);
     int n = a.numel();
-    add_kernel<<<(n + 255) / 256, 256>>>(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), n);
-    return out;
+    add_kernel<<<(n + 255) / 256, 256>>>(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(), n);
+    return c;
 }"""
-ext = load_inline("add_cuda", cpp_sources="torch::Tensor add(torch::Tensor a, torch::Tensor b);",
+ext = load_inline("add_cuda", cpp_sources="torch::Tensor add(torch::Tensor, torch::Tensor);",
                   cuda_sources=src, functions=["add"])
 ''',
     "cpp": '''
 src = """
 torch::Tensor add(torch::Tensor a, torch::Tensor b) {
-    auto out = torch::empty_like(a);
-    float *pa = a.data_ptr<float>(), *pb = b.data_ptr<float>(), *po = out.data_ptr<float>();
-    for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] + pb[i];
-    return out;
+    auto c = torch::empty_like(a);
+    float *pa = a.data_ptr<float>(), *pb = b.data_ptr<float>(), *pc = c.data_ptr<float>();
+    for (int64_t i = 0; i < a.numel(); ++i) pc[i] = pa[i] + pb[i];
+    return c;
 }"""
 ext = load_inline("add_cpp", cpp_sources=src, functions=["add"])
 ''',

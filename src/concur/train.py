@@ -7,14 +7,20 @@ the generation prompt and once in full; the first is a prefix of the second and 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
+import logging
 import os
 import re
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments, set_seed
 
@@ -23,6 +29,8 @@ from concur.models import load_model, load_tokenizer
 
 IGNORE_INDEX = -100  # label value the cross-entropy loss skips
 CHECKPOINTS = "checkpoints"
+FINGERPRINT = "fingerprint.txt"  # in the checkpoint folder: sha256 of what its checkpoints were trained on
+LOGGER = logging.getLogger("concur.train")
 
 DEFAULTS: dict[str, Any] = {
     "lora": {
@@ -125,16 +133,36 @@ class _Examples(torch.utils.data.Dataset):
 # Training
 
 
+def run(dataset_path: str, model_spec: dict, settings: dict, out_dir: str) -> dict:
+    """The train stage: one adapter on a curated table (docs/data.md §5 rows).
+
+    Snakemake deletes a `directory()` output before rerunning its job, so checkpoints live next to it, in
+    `.{name}.checkpoints`, where a killed run finds them again.
+    """
+    from .curate import sft_record
+
+    records = [sft_record(row) for row in pd.read_parquet(dataset_path).to_dict("records")]
+    out = Path(out_dir)
+    return train_adapter(records, model_spec, settings, out, checkpoint_dir=out.parent / f".{out.name}.checkpoints")
+
+
 def train_adapter(
-    records: list[dict], model_spec: dict, settings: dict, out_dir: Path, log_path: Path | None = None
+    records: list[dict],
+    model_spec: dict,
+    settings: dict,
+    out_dir: Path,
+    log_path: Path | None = None,
+    checkpoint_dir: Path | None = None,
 ) -> dict:
     """Train a LoRA adapter on `records`; write it, the tokenizer, train_log.jsonl and train_summary.json to out_dir.
 
-    Resumes from the last complete checkpoint in out_dir/checkpoints. Returns the summary.
+    Resumes from the last complete checkpoint in `checkpoint_dir` (default out_dir/checkpoints) when it was made
+    with the same records, model and settings (epochs aside: asking for more epochs continues). Returns the summary.
     """
     started = time.time()
     settings = _with_defaults(settings)
     out_dir = Path(out_dir)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else out_dir / CHECKPOINTS
     tokenizer = load_tokenizer(model_spec)
     examples, n_dropped = encode_records(records, tokenizer, settings["max_length"])
     if not examples:
@@ -143,30 +171,37 @@ def train_adapter(
             f"({len(records)} records, {n_dropped} dropped)"
         )
     device = _device(settings["gpus"])
-    trainer = _build_trainer(examples, model_spec, settings, tokenizer, out_dir / CHECKPOINTS, device, log_path)
-    resume = last_checkpoint(out_dir / CHECKPOINTS)
+    resume = _usable_checkpoint(checkpoint_dir, _fingerprint(records, model_spec, settings), log_path)
+    trainer = _build_trainer(examples, model_spec, settings, tokenizer, checkpoint_dir, device, log_path)
     _note(log_path, f"train: {len(examples)} examples ({n_dropped} dropped) on {device}, resume from {resume}")
-    trainer.train(resume_from_checkpoint=resume)
+    with warnings.catch_warnings():
+        # peft looks for the base model's config.json to check the vocabulary; a GGUF folder has none
+        warnings.filterwarnings("ignore", message="Could not find a config file in")
+        trainer.train(resume_from_checkpoint=resume)
+        _save_adapter(trainer.model, tokenizer, out_dir)
 
     log = step_log(trainer.state.log_history)
-    summary = {
-        "n_records": len(records),
-        "n_dropped": n_dropped,
-        "n_examples": len(examples),
-        "n_target_tokens": sum(n_target_tokens(e) for e in examples),
-        "steps": trainer.state.global_step,
-        "epochs": settings["epochs"],
-        "final_loss": log[-1]["loss"] if log else None,
-        "runtime_s": round(time.time() - started, 3),
-        "device": device,
-        "base_model": dict(model_spec),
-        "lora": dict(settings["lora"]),
-    }
-    _save_adapter(trainer.model, tokenizer, out_dir)
+    summary = _summary(records, examples, n_dropped, trainer.state.global_step, log, model_spec, settings, device)
+    summary["runtime_s"] = round(time.time() - started, 3)
     io.write_jsonl(log, out_dir / "train_log.jsonl")
     io.write_json(summary, out_dir / "train_summary.json")  # written last: marks a finished adapter
     _note(log_path, f"train: done, {summary['steps']} steps, final loss {summary['final_loss']}")
     return summary
+
+
+def _summary(records, examples, n_dropped, steps, log, model_spec, settings, device) -> dict:
+    return {
+        "n_records": len(records),
+        "n_dropped": n_dropped,
+        "n_examples": len(examples),
+        "n_target_tokens": sum(n_target_tokens(e) for e in examples),  # per epoch
+        "steps": steps,
+        "epochs": settings["epochs"],
+        "final_loss": log[-1]["loss"] if log else None,
+        "device": device,
+        "base_model": dict(model_spec),
+        "lora": dict(settings["lora"]),
+    }
 
 
 def _with_defaults(settings: dict) -> dict:
@@ -186,9 +221,9 @@ def _build_trainer(examples, model_spec, settings, tokenizer, checkpoint_dir: Pa
         model=model,
         args=_training_arguments(settings, checkpoint_dir, on_cuda=device == "cuda"),
         train_dataset=_Examples(examples),
-        data_collator=lambda batch: pad_batch(batch, tokenizer.pad_token_id),
+        data_collator=functools.partial(pad_batch, pad_token_id=tokenizer.pad_token_id),
         processing_class=tokenizer,
-        callbacks=[_LogFileCallback(log_path)] if log_path else None,
+        callbacks=[_ProgressCallback(log_path)],
     )
     trainer.remove_callback(PrinterCallback)  # one JSON line per step goes to train_log.jsonl instead
     return trainer
@@ -219,8 +254,6 @@ def _training_arguments(settings: dict, checkpoint_dir: Path, on_cuda: bool):
         seed=settings["seed"],
         bf16=on_cuda,
         use_cpu=not on_cuda,
-        gradient_checkpointing=on_cuda,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if on_cuda else None,
         logging_strategy="steps",
         logging_steps=1,
         save_strategy="epoch",
@@ -229,15 +262,19 @@ def _training_arguments(settings: dict, checkpoint_dir: Path, on_cuda: bool):
         disable_tqdm=True,
         remove_unused_columns=False,
         dataloader_pin_memory=on_cuda,
-        **_version_kwargs(settings["warmup_ratio"]),
+        **_version_kwargs(settings["warmup_ratio"], checkpointing=on_cuda),
     )
     return TrainingArguments(**kwargs)
 
 
-def _version_kwargs(warmup_ratio: float) -> dict:
-    """Length grouping and warmup are spelled differently in transformers 4.x and 5.x."""
+def _version_kwargs(warmup_ratio: float, checkpointing: bool) -> dict:
+    """Length grouping, warmup and gradient checkpointing are spelled differently in transformers 4.x and 5.x."""
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     kwargs: dict[str, Any] = {}
+    prefix = "activation" if "activation_checkpointing" in fields else "gradient"
+    kwargs[f"{prefix}_checkpointing"] = checkpointing
+    if checkpointing:  # non-reentrant: works with a frozen base model (LoRA) without enable_input_require_grads
+        kwargs[f"{prefix}_checkpointing_kwargs"] = {"use_reentrant": False}
     if "train_sampling_strategy" in fields:
         kwargs["train_sampling_strategy"] = "group_by_length"
     else:
@@ -247,6 +284,27 @@ def _version_kwargs(warmup_ratio: float) -> dict:
     else:  # 5.x: a float below 1 is a ratio of the total steps; 1.0 would mean "1 step"
         kwargs["warmup_steps"] = min(float(warmup_ratio), 0.9999)
     return kwargs
+
+
+def _fingerprint(records: list[dict], model_spec: dict, settings: dict) -> str:
+    """What a checkpoint must have been trained on to be resumed (epochs, GPU count and the adapter list aside)."""
+    kept = {key: value for key, value in settings.items() if key not in ("epochs", "gpus", "adapters")}
+    material = {"records": records, "model": model_spec, "settings": kept}
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _usable_checkpoint(checkpoint_dir: Path, fingerprint: str, log_path: Path | None) -> str | None:
+    """The checkpoint to resume from, or None; checkpoints of other data or settings are deleted, not resumed."""
+    stamp = checkpoint_dir / FINGERPRINT
+    previous = stamp.read_text().strip() if stamp.is_file() else None
+    resume = last_checkpoint(checkpoint_dir)
+    if resume and previous != fingerprint:
+        _note(log_path, f"train: {checkpoint_dir} holds checkpoints of other records or settings; starting afresh")
+        for folder in checkpoint_dir.glob("checkpoint-*"):
+            shutil.rmtree(folder)
+        resume = None
+    io.write_text(fingerprint + "\n", stamp)
+    return resume
 
 
 def last_checkpoint(checkpoint_dir: Path) -> str | None:
@@ -287,6 +345,8 @@ def _save_adapter(model, tokenizer, out_dir: Path) -> None:
 
 
 def _note(log_path: Path | None, line: str) -> None:
+    """Progress to the `concur.train` logger and, when given, appended to `log_path`."""
+    LOGGER.info(line)
     if log_path is None:
         return
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -317,13 +377,14 @@ def _last_logged_tokens(log_history: list[dict]) -> int:
     return counts[-1] if counts else 0
 
 
-class _LogFileCallback(TrainerCallback):
-    """One short line per logged step in the rule's log file."""
+class _ProgressCallback(TrainerCallback):
+    """One short line per optimizer step (see _note)."""
 
     def __init__(self, log_path: Path):
         self.log_path = log_path
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
-            _note(self.log_path, "step {} epoch {:.2f} loss {:.4f} lr {:.3g} tokens {}".format(
-                state.global_step, logs.get("epoch", 0), logs["loss"], logs.get("learning_rate", 0), logs.get("tokens")))
+            line = "step {} epoch {:.2f} loss {:.4f} lr {:.3g} tokens {}".format(
+                state.global_step, logs.get("epoch", 0), logs["loss"], logs.get("learning_rate", 0), logs.get("tokens"))
+            _note(self.log_path, line)

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+import re
 import resource
 import statistics
 import sys
@@ -59,11 +60,11 @@ def describe(err: BaseException) -> str:
 
 
 def first_error_line(message: str) -> str:
-    """The first compiler `error:` line of a build log, else the first non-empty line."""
+    """The first compiler `error:` line of a build log (file path shortened), else its first non-empty line."""
     lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
     for line in lines:
-        if "error:" in line or "error " in line.lower()[:12]:
-            return one_line(line)
+        if "error:" in line:
+            return one_line(re.sub(r"^\S*/(?=[^/\s]+:\d+)", "", line))
     return one_line(lines[0]) if lines else "build failed"
 
 
