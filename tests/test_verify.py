@@ -5,6 +5,7 @@ every other run hits the module-wide build cache or needs no extension.
 """
 
 import math
+import re
 import time
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def frames(rows: list[tuple[str, str, str]]) -> tuple[pd.DataFrame, pd.DataFrame
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory) -> dict:
     cache = tmp_path_factory.mktemp("build-cache")
-    return {"device": "cpu", "mode": "kernelbench", "timeout_s": 240, "workers": 2, "correctness_trials": 3,
+    return {"device": "cpu", "mode": "kernelbench", "timeout_s": 600, "workers": 2, "correctness_trials": 3,
             "warmup": 1, "timing_trials": 5, "atol": 1e-2, "rtol": 1e-2, "build_cache": str(cache)}  # fmt: skip
 
 
@@ -105,7 +106,8 @@ def test_failures_in_the_candidate_process(kernelbench_batch):
     assert tuple(verdicts.loc["c-nomodel", ["status", "reason"]]) == ("runtime_error", "no ModelNew")
     compile_error = verdicts.loc["c-compile"]
     assert (compile_error.status, compile_error.compiled) == ("compile_error", False)
-    assert compile_error.reason == "main.cpp:4:24: error: 'undeclared_name' was not declared in this scope"
+    # the column depends on the gcc version; typographic quotes are normalised to ASCII ones
+    assert re.fullmatch(r"main\.cpp:4:\d+: error: 'undeclared_name' was not declared in this scope", compile_error.reason)
 
 
 def test_no_code_and_broken_reference(kernelbench_batch):

@@ -150,7 +150,7 @@ def run_jobs(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -> 
         workdir.mkdir(parents=True, exist_ok=True)
         cache_root = Path(settings.get("build_cache") or workdir / "build-cache")
         cache_root.mkdir(parents=True, exist_ok=True)
-        if settings["device"] == "cpu":
+        if settings["device"] == "cpu" and any(needs_build(job, settings, cache_root) for job in to_run):
             prepare_pch(settings, workdir)
         with ThreadPoolExecutor(max_workers=int(settings["workers"])) as pool:
             futures = {pool.submit(run_job, job, settings, workdir, cache_root): job for job in to_run}
@@ -237,6 +237,13 @@ def build_cache_key(solution: str, device: str) -> str:
         env["cuda_capability"] = "%d.%d" % torch.cuda.get_device_capability(0)
     parts = [solution, torch.__version__, sys.version, json.dumps(env, sort_keys=True), device]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def needs_build(job: Job, settings: dict, cache_root: Path) -> bool:
+    """Whether the child will probably run a C++ build: it calls load_inline/load and its cache holds no module."""
+    if "cpp_extension" not in job.solution and "load_inline" not in job.solution:
+        return False
+    return not any((cache_root / build_cache_key(job.solution, settings["device"])).glob("*/*.so"))
 
 
 def prepare_pch(settings: dict, workdir: Path) -> None:

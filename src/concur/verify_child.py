@@ -61,7 +61,9 @@ def describe(err: BaseException) -> str:
 
 def first_error_line(message: str) -> str:
     """The first compiler `error:` line of a build log (file path shortened), else its first non-empty line."""
-    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
+    # gcc quotes names with typographic quotes under a UTF-8 locale: report the same line whatever the locale
+    message = str(message).translate({0x2018: "'", 0x2019: "'"})
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     for line in lines:
         if "error:" in line:
             return one_line(re.sub(r"^\S*/(?=[^/\s]+:\d+)", "", line))
@@ -156,13 +158,54 @@ class BuildRecorder:
             if inline and self.device == "cpu" and not kwargs.get("cuda_sources"):
                 kwargs.setdefault("use_pch", True)
             try:
-                return original(*args, **kwargs)
+                cached = load_cached(args, kwargs) if inline else None
+                if cached is not None:
+                    return cached
+                module = original(*args, **kwargs)
+                mark_built(args, kwargs)
+                return module
             except BaseException as err:
                 if self.error is None:
                     self.error = first_error_line(str(err))
                 raise
 
         return recorded
+
+
+BUILT_MARKER = ".concur-built"
+_LOADED_NAMES: set = set()
+
+
+def _build_dir(args: tuple, kwargs: dict) -> Path | None:
+    name = kwargs.get("name", args[0] if args else None)
+    root = kwargs.get("build_directory") or os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not isinstance(name, str) or not root:
+        return None
+    return Path(root) if kwargs.get("build_directory") else Path(root) / name
+
+
+def load_cached(args: tuple, kwargs: dict):
+    """Import a module this cache entry already built, without asking ninja.
+
+    The cache key covers the code and build environment, so the module is current; ninja could still decide to
+    rebuild when the shared precompiled header it depended on was deleted or rebuilt by someone else.
+    """
+    from torch.utils import cpp_extension
+
+    folder = _build_dir(args, kwargs)
+    name = kwargs.get("name", args[0] if args else None)
+    if name in _LOADED_NAMES:  # a second load of one name in one process: torch versions it, let torch handle it
+        return None
+    _LOADED_NAMES.add(name)
+    if folder is None or not (folder / BUILT_MARKER).exists() or not (folder / f"{name}.so").exists():
+        return None
+    return cpp_extension._import_module_from_library(name, str(folder), kwargs.get("is_python_module", True))
+
+
+def mark_built(args: tuple, kwargs: dict) -> None:
+    folder = _build_dir(args, kwargs)
+    if folder is not None and folder.is_dir():
+        (folder / BUILT_MARKER).write_text("ok\n")
 
 
 def build_pch(spec: dict, report: Reporter) -> None:

@@ -12,8 +12,8 @@ class Model(nn.Module):
         return (x * torch.sigmoid(x)).sum(dim=-1)
 
 
-batch = 64
-dim = 256
+batch = 16
+dim = 128
 
 
 def get_inputs():
