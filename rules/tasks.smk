@@ -1,19 +1,23 @@
 rule tasks:
-    """Collect the configured task sources into the train and eval tables."""
+    """Collect the configured task sources into the train and eval tables; report rejected and contaminated tasks."""
     input:
         task_source_files,
     output:
         train=results("tasks", "train.parquet"),
         eval=results("tasks", "eval.parquet"),
+        rejected=results("tasks", "rejected.csv"),
+        unchecked=results("tasks", "unchecked.csv"),
+        contamination=results("tasks", "contamination.csv"),
     params:
         sources=config["tasks"]["sources"],
+        settings={key: value for key, value in config["tasks"].items() if key not in ("sources", "shards", "workers")},
     log:
         log_path("tasks"),
     conda:
-        "../envs/core.yaml"
-    threads: 1
+        "../envs/torch.yaml"  # the references are run once on the CPU
+    threads: config["tasks"]["workers"]
     resources:
-        mem_mb=2000,
-        runtime=15,
+        mem_mb=lambda wildcards, threads: 2000 + 3000 * threads,
+        runtime=120,
     script:
         "../scripts/tasks.py"

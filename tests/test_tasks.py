@@ -4,7 +4,17 @@ import pandas as pd
 import pytest
 
 from concur import contracts
-from concur.tasks import TaskError, build_tasks, check_program, count_ops, load_builtin, select_shard, shard_of
+from concur.tasks import (
+    TaskError,
+    adapt_kernelbook,
+    build_tasks,
+    categorise,
+    check_program,
+    count_ops,
+    load_builtin,
+    select_shard,
+    shard_of,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +61,7 @@ def test_shards_are_stable_and_cover_every_task_once():
 
 
 def test_builtin_suite_meets_the_contract():
-    splits = build_tasks([{"kind": "builtin", "path": str(ROOT / "resources" / "suite")}])
+    splits = build_tasks([{"kind": "builtin", "path": str(ROOT / "resources" / "suite")}], {"validate_run": False})
     train, eval_ = splits["train"], splits["eval"]
     assert len(train) >= 12 and len(eval_) >= 8
     assert list(train.columns) == list(contracts.TASKS)
@@ -75,3 +85,35 @@ def test_manifest_and_programs_must_agree(tmp_path):
     (tmp_path / "suite.yaml").write_text("train:\n  a: {category: fused, level: 2}\n")
     with pytest.raises(TaskError, match="programs not in the manifest: train/b.py"):
         load_builtin(tmp_path)
+
+
+def test_builtin_suite_passes_validation_and_has_no_contamination():
+    splits = build_tasks([{"kind": "builtin", "path": str(ROOT / "resources" / "suite")}])
+    assert len(splits["train"]) == 12 and len(splits["eval"]) == 8
+    assert splits["rejected"].empty and splits["unchecked"].empty and splits["contamination"].empty
+
+
+@pytest.mark.parametrize("forward, category, n_ops", [
+    ("return torch.relu(x)", "single_op", 1),
+    ("return torch.relu(x) * 2 + x", "fused", 3),
+    ("return self.c(self.b(self.a(x)))", "model", 3),
+    ("for _ in range(3):\n            x = x * 2\n        return x", "model", 1),
+    ("return " + " + ".join(["x"] * 26), "model", 25),
+])
+def test_category_follows_the_documented_rule(forward, category, n_ops):
+    code = PROGRAM.replace("return torch.relu((x + y) * self.scale).sum(dim=-1)", forward)
+    assert categorise(code) == (category, n_ops)
+
+
+def test_containers_and_program_defined_submodules_make_a_model():
+    code = PROGRAM.replace("self.scale = scale", "self.scale = scale\n        self.net = nn.Sequential()")
+    assert categorise(code)[0] == "model"
+
+
+def test_kernelbook_adapter_keeps_model_when_the_entry_point_is_model():
+    code = PROGRAM.replace("def __init__(self, scale):", "def __init__(self, scale=1.0):")
+    code = code.replace("return [2.0]", "return [[], {'scale': 3.0}]")
+    adapted = adapt_kernelbook(code, "Model")
+    assert adapted.rstrip().endswith("return [3.0]") and "Model = " not in adapted
+    with pytest.raises(TaskError, match="does not end in `return \\[\\[args\\], \\{kwargs\\}\\]`"):
+        adapt_kernelbook(PROGRAM, "Model")
