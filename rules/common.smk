@@ -73,6 +73,19 @@ def eval_adapter_dir(wildcards):
     return [] if wildcards.model == "base" else [results("adapters", wildcards.model)]
 
 
+COMPILE_KEYS = ["device", "mode", "cuda_arch", "timeout_s", "memory_limit_mb", "max_processes"]
+
+
+def verify_settings():
+    """The verify section with the build cache resolved (shared by compile and verify jobs)."""
+    return {**config["verify"], "build_cache": config["verify"]["build_cache"] or results("build-cache")}
+
+
+def compile_settings():
+    """Only what changes a build: editing timing or correctness settings must not rerun the compile jobs."""
+    return {key: value for key, value in verify_settings().items() if key in COMPILE_KEYS + ["build_cache"]}
+
+
 def gpus(section):
     """GPUs a rule family asks for (0 on the CPU default)."""
     return config[section]["gpus"]

@@ -26,15 +26,39 @@ rule eval_generate:
         "../scripts/eval_generate.py"
 
 
+rule eval_compile:
+    """Build the eval generations' extensions into the shared build cache (a CPU job)."""
+    input:
+        candidates=results("eval", "{model}", "candidates.parquet"),
+    output:
+        results("eval", "{model}", "builds.parquet"),
+    params:
+        settings=compile_settings(),
+        workdir=lambda wc: results("scratch", "eval-compile", wc.model),
+    log:
+        log_path("eval", "{model}", "compile"),
+    benchmark:
+        benchmark_path("eval", "{model}", "compile")
+    conda:
+        "../envs/torch.yaml"
+    threads: config["verify"]["compile_threads"]
+    resources:
+        mem_mb=lambda wc, threads: 4000 * threads,
+        runtime=6 * 60,
+    script:
+        "../scripts/compile.py"
+
+
 rule eval_verify:
     """The same verifier as for training candidates, on the eval generations."""
     input:
         candidates=results("eval", "{model}", "candidates.parquet"),
+        builds=results("eval", "{model}", "builds.parquet"),
         tasks=results("tasks", "eval.parquet"),
     output:
         results("eval", "{model}", "verified.parquet"),
     params:
-        settings=config["verify"],
+        settings=verify_settings(),
         workdir=lambda wc: results("scratch", "eval", wc.model),
     log:
         log_path("eval", "{model}", "verify"),
@@ -46,7 +70,7 @@ rule eval_verify:
     resources:
         gpu=gpus("verify"),
         mem_mb=16000,
-        runtime=12 * 60,
+        runtime=6 * 60,
     script:
         "../scripts/verify.py"
 

@@ -1,12 +1,36 @@
-rule verify:
-    """Compile, check and time every candidate of one shard, each in its own process."""
+rule compile:
+    """Build every candidate's extension of one shard into the shared build cache: a CPU job, so GPUs never compile."""
     input:
         candidates=results("candidates", "{generator}", "shard-{shard}.parquet"),
+    output:
+        results("builds", "{generator}", "shard-{shard}.parquet"),
+    params:
+        settings=compile_settings(),
+        workdir=lambda wc: results("scratch", "compile", wc.generator, f"shard-{wc.shard}"),
+    log:
+        log_path("compile", "{generator}", "shard-{shard}"),
+    benchmark:
+        benchmark_path("compile", "{generator}", "shard-{shard}")
+    conda:
+        "../envs/torch.yaml"
+    threads: config["verify"]["compile_threads"]
+    resources:
+        mem_mb=lambda wc, threads: 4000 * threads,
+        runtime=6 * 60,
+    script:
+        "../scripts/compile.py"
+
+
+rule verify:
+    """Load, check and time every candidate of one shard against its task, each in its own process."""
+    input:
+        candidates=results("candidates", "{generator}", "shard-{shard}.parquet"),
+        builds=results("builds", "{generator}", "shard-{shard}.parquet"),
         tasks=results("tasks", "train.parquet"),
     output:
         results("verified", "{generator}", "shard-{shard}.parquet"),
     params:
-        settings=config["verify"],
+        settings=verify_settings(),
         workdir=lambda wc: results("scratch", "verify", wc.generator, f"shard-{wc.shard}"),
     log:
         log_path("verify", "{generator}", "shard-{shard}"),
@@ -18,6 +42,6 @@ rule verify:
     resources:
         gpu=gpus("verify"),
         mem_mb=16000,
-        runtime=12 * 60,
+        runtime=6 * 60,
     script:
         "../scripts/verify.py"

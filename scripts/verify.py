@@ -8,4 +8,5 @@ with logging_to(snakemake.log[0]):
         settings=snakemake.params.settings,
         workdir=snakemake.params.workdir,
         out_path=snakemake.output[0],
+        builds_path=snakemake.input.builds,
     )

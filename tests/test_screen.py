@@ -174,3 +174,28 @@ def test_findings_ordered_most_telling_first():
 
 def test_unparsable_source_has_no_findings():
     assert screen("def broken(:\n") == []
+
+
+# ---------------------------------------------------------------- processes, streams, patching the harness
+
+
+@pytest.mark.parametrize(
+    ("extra", "body", "rule"),
+    [
+        ("import os\n", "os.fork()\nreturn ext.fused(x, y)", "process_spawn"),
+        ("import os\n", "os.system('true')\nreturn ext.fused(x, y)", "process_spawn"),
+        ("import os\n", "os.execv('/bin/true', ['true'])\nreturn ext.fused(x, y)", "process_spawn"),
+        ("import subprocess\n", "return ext.fused(x, y)", "forbidden_module:subprocess"),
+        ("", "s = torch.cuda.Stream()\nwith torch.cuda.stream(s):\n    out = ext.fused(x, y)\nreturn out",
+         "side_stream"),
+        ("", "torch.allclose = lambda *a, **k: True\nreturn ext.fused(x, y)", "monkeypatch"),
+        ("import time\n", "setattr(time, 'perf_counter', lambda: 0.0)\nreturn ext.fused(x, y)", "monkeypatch"),
+        ("", "torch.cuda.Event.elapsed_time = lambda self, other: 0.001\nreturn ext.fused(x, y)", "monkeypatch"),
+    ],
+)
+def test_processes_streams_and_patches_are_flagged(extra, body, rule):
+    assert rule in rules(program(body, extra=extra))
+
+
+def test_own_attributes_are_not_monkeypatching():
+    assert rules(program("self.scale = 2.0\nreturn ext.fused(x, y)")) == []

@@ -170,7 +170,7 @@ def test_bad_settings_are_errors():
 # ---------------------------------------------------------------- rules on raw facts (no process)
 
 SETTINGS = {"device": "cpu", "mode": "hardened", "timeout_s": 10, "workers": 1, "correctness_trials": 2,
-            "warmup": 0, "timing_trials": 1, "atol": 1e-2, "rtol": 1e-2}  # fmt: skip
+            "warmup": 0, "timing_trials": 1, "atol": 1e-2, "rtol": 1e-2, "audit_speedup": 10.0}  # fmt: skip
 PASS = {"ok_shape": True, "ok_dtype": True, "ok_finite": True, "allclose": True, "max_abs_err": 0.001}
 TIMING = {"ref_timing": {"mean_ms": 3.0, "median_ms": 2.5}, "new_timing": {"mean_ms": 1.5, "median_ms": 1.0}}
 
@@ -224,8 +224,12 @@ def test_result_without_the_nonce_is_ignored(tmp_path):
 
 
 def test_cache_key_depends_on_code_env_and_device(monkeypatch):
-    key = build_cache_key("code", "cpu")
-    assert key == build_cache_key("code", "cpu") and len(key) == 32
-    assert key != build_cache_key("code2", "cpu")
+    cpu = {"device": "cpu"}
+    key = build_cache_key("code", cpu)
+    assert key == build_cache_key("code", cpu) and len(key) == 32
+    assert key != build_cache_key("code2", cpu)
+    assert build_cache_key("code", {"device": "cuda", "cuda_arch": "9.0"}) != build_cache_key(
+        "code", {"device": "cuda", "cuda_arch": "8.0"}
+    )
     monkeypatch.setenv("CXXFLAGS", "-O1")
-    assert key != build_cache_key("code", "cpu")
+    assert key != build_cache_key("code", cpu)

@@ -50,6 +50,17 @@ VERDICTS = {
     "verify_mode": "str",
     "compile_s": "float",
     "eval_s": "float",
+    "flags": "str",
+    "trusted": "bool",
+}
+
+BUILDS = {
+    "candidate_id": "str",
+    "task_id": "str",
+    "status": "str",
+    "reason": "str",
+    "cache_key": "str",
+    "compile_s": "float",
 }
 
 DATASET = {
@@ -68,6 +79,7 @@ DATASET = {
     "speedup": "float",
 }
 
+BUILD_STATUSES = ("built", "cached", "no_build", "compile_error", "timeout", "runtime_error", "no_code", "rejected")
 STATUSES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code")
 CATEGORIES = ("single_op", "fused", "model")
 

@@ -1,7 +1,8 @@
 """Static screen of a candidate solution (hardened mode): reject programs that dodge the kernel or the harness.
 
 `screen(source)` parses the program with `ast` and returns findings, each naming a rule:
-no_custom_kernel, kernel_unused, try_fallback, subclasses_model, forbidden_module:<name>, process_exit, dynamic_code.
+no_custom_kernel, kernel_unused, try_fallback, subclasses_model, forbidden_module:<name>, process_exit,
+process_spawn, dynamic_code, side_stream, monkeypatch.
 A program that does not parse gets no findings: the verifier reports it as a compile error, as in kernelbench mode.
 """
 
@@ -10,14 +11,21 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-FORBIDDEN_MODULES = ("threading", "_thread", "multiprocessing", "concurrent", "ctypes", "gc", "inspect")
+FORBIDDEN_MODULES = ("threading", "_thread", "multiprocessing", "concurrent", "ctypes", "gc", "inspect", "subprocess",
+                     "pty", "signal")  # fmt: skip
 FORBIDDEN_ATTRIBUTES = ("sys._getframe",)
 EXIT_CALLS = ("os._exit", "sys.exit", "exit", "quit", "os.abort", "os.kill")
+SPAWN_CALLS = ("os.fork", "os.forkpty", "os.system", "os.popen", "os.posix_spawn", "os.posix_spawnp")
+SPAWN_PREFIXES = ("os.exec", "os.spawn")
 DYNAMIC_CALLS = ("exec", "eval", "compile", "builtins.exec", "builtins.eval", "builtins.compile")
+# Python-level streams: work on a side stream escapes a timer that records events on the current stream only
+STREAM_CALLS = ("torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.ExternalStream", "torch.cuda.set_stream")
+# modules whose functions the harness relies on: the solution must not replace them
+PATCHABLE_ROOTS = ("torch", "time", "builtins", "os", "sys", "numpy", "math", "random")
 IMPORT_CALLS = ("__import__", "importlib.import_module")
 BUILTIN_OP_NAMESPACES = ("aten", "prims", "prim", "quantized", "_ops")
 RULE_ORDER = ("no_custom_kernel", "kernel_unused", "try_fallback", "subclasses_model", "forbidden_module",
-              "process_exit", "dynamic_code")  # fmt: skip
+              "process_exit", "process_spawn", "dynamic_code", "side_stream", "monkeypatch")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,7 @@ def screen(source: str) -> list[Finding]:
         return []
     aliases = import_aliases(tree)
     findings = forbidden_modules(tree, aliases) + process_exits(tree, aliases) + dynamic_code(tree, aliases)
+    findings += process_spawns(tree, aliases) + side_streams(tree, aliases) + monkeypatches(tree, aliases)
     findings += kernel_findings(tree, aliases)
     model_new = find_class(tree, "ModelNew")
     if model_new is not None:
@@ -124,6 +133,40 @@ def dynamic_code(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
         for n in calls(tree)
         if resolved(n.func, aliases) in DYNAMIC_CALLS
     ]
+
+
+def process_spawns(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
+    findings = []
+    for node in calls(tree):
+        name = resolved(node.func, aliases) or ""
+        if name in SPAWN_CALLS or name.startswith(SPAWN_PREFIXES):
+            findings.append(Finding("process_spawn", node.lineno, f"calls {name}"))
+    return findings
+
+
+def side_streams(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
+    return [
+        Finding("side_stream", n.lineno, f"calls {resolved(n.func, aliases)}")
+        for n in calls(tree)
+        if resolved(n.func, aliases) in STREAM_CALLS
+    ]
+
+
+def monkeypatches(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
+    """Assignments to attributes of the harness's modules (`torch.allclose = ...`, `setattr(time, ...)`)."""
+    findings = []
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            targets = [t for t in targets if isinstance(t, ast.Attribute)]
+        elif isinstance(node, ast.Call) and resolved(node.func, aliases) in ("setattr", "delattr") and node.args:
+            targets = [node.args[0]]
+        for target in targets:
+            root = (resolved(target, aliases) or "").split(".")[0]
+            if root in PATCHABLE_ROOTS:
+                findings.append(Finding("monkeypatch", node.lineno, f"replaces part of {root}"))
+    return findings
 
 
 def subclasses_model(tree: ast.Module, model_new: ast.ClassDef) -> list[Finding]:

@@ -1,14 +1,18 @@
 """What runs inside the isolated verifier process: build the candidate, then check and time it against the reference.
 
-Started by `concur.verify` as `python verify_child.py <job_dir> <phase>` with the run's nonce in the environment.
+Forked by the fork server `python verify_child.py serve` (torch imported once, CUDA never) at `concur.verify`'s
+request, with the run's nonce in the environment; `python verify_child.py <job_dir> <phase>` runs one job directly.
 It reads `job.json`, `reference.py` and `solution.py` from `job_dir` and writes `result.json` (after each phase, so
 a crash later still leaves the earlier facts). It reports raw facts only; the parent decides the verdict.
 Phases: `pch` (build the shared precompiled header), `compile` (exec the solution module, which runs load_inline),
-`all` (compile, then evaluate: correctness trials and timing). Self-contained: stdlib and torch only.
+`all` (compile, then evaluate: correctness trials, timing, profiler pass), `probe` (do trivial outputs pass the
+task's check?). Self-contained: stdlib and torch only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import os
@@ -22,6 +26,7 @@ import traceback
 from pathlib import Path
 
 NONCE_ENV = "CONCUR_VERIFY_NONCE"
+GPU_LOCK_ENV = "CONCUR_GPU_LOCK"
 SEED = 42
 PCH_CFLAGS = ["-O3"]  # flags of the shared precompiled header; gcc ignores it for builds with incompatible flags
 LOCK_NAME = "extension.h.concur-lock"
@@ -77,7 +82,9 @@ def apply_limits(spec: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     limit_mb = spec.get("memory_limit_mb")
     if limit_mb:
-        as_bytes = int(limit_mb) * 1024 * 1024
+        # a backstop only: the parent's watchdog enforces the limit on resident memory of the whole process group;
+        # address space runs ahead of it (torch alone maps ~0.6 GB), hence twice the limit
+        as_bytes = 2 * int(limit_mb) * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (as_bytes, as_bytes))
 
 
@@ -137,6 +144,7 @@ class BuildRecorder:
     def __init__(self, device: str):
         self.device = device
         self.calls = 0
+        self.built = 0  # builds this process ran (0 when every module came from the cache)
         self.error: str | None = None
 
     def install(self) -> None:
@@ -158,18 +166,51 @@ class BuildRecorder:
             if inline and self.device == "cpu" and not kwargs.get("cuda_sources"):
                 kwargs.setdefault("use_pch", True)
             try:
-                cached = load_cached(args, kwargs) if inline else None
-                if cached is not None:
-                    return cached
-                module = original(*args, **kwargs)
-                mark_built(args, kwargs)
-                return module
+                module = load_cached(args, kwargs) if inline else None
+                if module is None:
+                    module = original(*args, **kwargs)
+                    self.built += 1
+                    mark_built(args, kwargs)
+                return counting(module)
             except BaseException as err:
                 if self.error is None:
                     self.error = first_error_line(str(err))
                 raise
 
         return recorded
+
+
+KERNEL_CALLS = [0]  # calls into functions of the candidate's extensions (hardened check: its kernel did run)
+COUNTED_MODULES = [0]  # extension modules whose calls are counted
+
+
+def counting(module):
+    """The extension module with each exported function counting its calls into KERNEL_CALLS.
+
+    Modules that register torch ops instead of exporting functions are returned as they are (their calls go
+    through torch.ops and cannot be counted here; the profiler pass still sees their kernels on CUDA).
+    """
+    import types
+
+    functions = {n: f for n, f in vars(module).items() if isinstance(f, types.BuiltinFunctionType) and n[:2] != "__"}
+    if not isinstance(module, types.ModuleType) or not functions:
+        return module
+    proxy = types.ModuleType(module.__name__)
+    proxy.__dict__.update(vars(module))
+    for name, function in functions.items():
+        setattr(proxy, name, _counted(function))
+    COUNTED_MODULES[0] += 1
+    return proxy
+
+
+def _counted(function):
+    def call(*args, **kwargs):
+        KERNEL_CALLS[0] += 1
+        return function(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = function.__name__
+    call.__doc__ = function.__doc__
+    return call
 
 
 BUILT_MARKER = ".concur-built"
@@ -219,10 +260,9 @@ def build_pch(spec: dict, report: Reporter) -> None:
 # ---------------------------------------------------------------- phase 1: compile (exec the solution module)
 
 
-def compile_phase(spec: dict, job_dir: Path, report: Reporter) -> dict | None:
+def compile_phase(spec: dict, source: str, job_dir: Path, report: Reporter) -> dict | None:
     recorder = BuildRecorder(spec["device"])
     recorder.install()
-    source = (job_dir / "solution.py").read_text()
     facts: dict = {"ok": False, "load_calls": 0, "build_error": None, "error": None, "syntax_error": False}
     start = time.perf_counter()
     namespace = None
@@ -236,10 +276,46 @@ def compile_phase(spec: dict, job_dir: Path, report: Reporter) -> dict | None:
         facts["traceback"] = traceback.format_exc(limit=-3)
     facts["seconds"] = time.perf_counter() - start
     facts["load_calls"] = recorder.calls
+    facts["built"] = recorder.built
+    facts["counted_modules"] = COUNTED_MODULES[0]
     facts["build_error"] = recorder.error
     facts["has_model_new"] = bool(namespace) and "ModelNew" in namespace
     report.update(compile=facts)
     return namespace if facts["ok"] else None
+
+
+# ---------------------------------------------------------------- integrity: what the candidate must leave alone
+
+
+def guarded_functions() -> dict:
+    """The functions the checks and the timer rely on, captured before the candidate's code runs."""
+    import torch
+
+    guarded = {
+        "time.perf_counter": (time, "perf_counter"),
+        "torch.allclose": (torch, "allclose"),
+        "torch.equal": (torch, "equal"),
+        "torch.isfinite": (torch, "isfinite"),
+        "torch.randint": (torch, "randint"),
+        "torch.randn": (torch, "randn"),
+        "torch.rand": (torch, "rand"),
+        "torch.Tensor.clone": (torch.Tensor, "clone"),
+        "torch.Tensor.to": (torch.Tensor, "to"),
+        "torch.nn.Module.__call__": (torch.nn.Module, "__call__"),
+        "torch.cuda.synchronize": (torch.cuda, "synchronize"),
+        "torch.cuda.Event": (torch.cuda, "Event"),
+        "torch.cuda.Event.record": (torch.cuda.Event, "record"),
+        "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
+    }
+    this = sys.modules[__name__]
+    for name, value in vars(this).items():
+        if callable(value) and getattr(value, "__module__", None) == __name__:
+            guarded[f"verify_child.{name}"] = (this, name)
+    return {name: (owner, attr, getattr(owner, attr)) for name, (owner, attr) in guarded.items()}
+
+
+def tampered(guarded: dict) -> list[str]:
+    return sorted(name for name, (owner, attr, original) in guarded.items() if getattr(owner, attr, None) is not original)
 
 
 # ---------------------------------------------------------------- phase 2: evaluate (correctness, then timing)
@@ -251,6 +327,13 @@ def pick_device(name: str):
     if name == "cuda":
         return torch.device("cuda"), f"cuda:{torch.cuda.get_device_name(0)}"
     return torch.device("cpu"), "cpu"
+
+
+def synchronize(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def to_device(values, device):
@@ -265,11 +348,22 @@ def leaves(output) -> list:
     return [output]
 
 
-def compare(new, ref, atol: float, rtol: float) -> dict:
-    """Raw facts about one candidate output against the reference output."""
+def output_leaves(output) -> list:
+    """The output's leaves, detached (they stay where they are: comparisons run on the device)."""
     import torch
 
-    new_leaves, ref_leaves = leaves(new), leaves(ref)
+    return [leaf.detach() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves(output)]
+
+
+def compare(new, ref_leaves: list, atol: float, rtol: float, strict_finite: bool) -> dict:
+    """Raw facts about one candidate output against the reference output's leaves.
+
+    KernelBench semantics: same number of outputs, same shapes, `allclose` (NaN never equals NaN). The dtype must
+    match too. `strict_finite` (hardened): any NaN or inf in the candidate's output fails.
+    """
+    import torch
+
+    new_leaves = leaves(new)
     if len(new_leaves) != len(ref_leaves):
         return {"ok_shape": False, "detail": f"{len(new_leaves)} outputs, expected {len(ref_leaves)}"}
     facts = {"ok_shape": True, "ok_dtype": True, "ok_finite": True, "allclose": True, "max_abs_err": 0.0}
@@ -284,11 +378,11 @@ def compare(new, ref, atol: float, rtol: float) -> dict:
         if a.dtype != b.dtype:
             facts.update(ok_dtype=False, detail=f"output {i}: got {a.dtype}, expected {b.dtype}")
             continue
-        a, b = a.detach().to("cpu", torch.float64), b.detach().to("cpu", torch.float64)
-        if bool((~torch.isfinite(a) & torch.isfinite(b)).any()):
-            facts.update(ok_finite=False, detail=f"output {i}: non-finite values where the reference is finite")
+        a, b = a.detach().to(b.device, torch.float64), b.detach().to(torch.float64)
+        if strict_finite and not bool(torch.isfinite(a).all()):
+            facts.update(ok_finite=False, detail=f"output {i}: NaN or inf in the output")
         facts["max_abs_err"] = max(facts["max_abs_err"], max_abs_error(a, b))
-        if not torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True):
+        if not torch.allclose(a, b, atol=atol, rtol=rtol):
             facts["allclose"] = False
     return facts
 
@@ -304,10 +398,32 @@ def max_abs_error(a, b) -> float:
     return float(torch.nan_to_num(diff, nan=math.inf).max())
 
 
-def snapshot(values) -> list:
+def fresh_copy(values) -> list:
+    """A copy of the inputs for one call: the originals stay untouched to detect mutation."""
     import torch
 
-    return [v.detach().clone() if isinstance(v, torch.Tensor) else v for v in values]
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+
+
+class RngState:
+    """The RNG state right after a trial's inputs were drawn, restored before every call on them.
+
+    Each call then sees what KernelBench gives it (seed, draw the inputs, call): a model that draws random numbers
+    (dropout in training mode) gets the same numbers in the reference and in the candidate."""
+
+    def __init__(self, device):
+        import torch
+
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self.device = device
+
+    def restore(self) -> None:
+        import torch
+
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
 
 
 def mutated_inputs(before: list, after: list) -> list[int]:
@@ -320,13 +436,54 @@ def mutated_inputs(before: list, after: list) -> list[int]:
     ]
 
 
-def seeded_inputs(reference: dict, seed: int, device) -> list:
+def signed(value):
+    """A floating input moved to both signs (centred, then negated): tasks that feed only [0, 1) hide sign bugs."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 1:
+        return -(value - value.mean())
+    return value
+
+
+def seeded_inputs(reference: dict, seed: int, device, transform=None) -> list:
     seed_everything(seed)
-    return to_device(list(reference["get_inputs"]()), device)
+    values = list(reference["get_inputs"]())
+    if transform is not None:
+        values = [transform(v) for v in values]
+    return to_device(values, device)
+
+
+def draw_trial_inputs(spec: dict, reference: dict, device) -> list[tuple]:
+    """(seed, kind, inputs on the CPU, RNG state after drawing them) per correctness trial: drawing is CPU work,
+    done before the child takes its GPU turn."""
+    drawn = []
+    for seed, kind in trial_plan(spec):
+        values = seeded_inputs(reference, seed, "cpu", signed if kind == "signed" else None)
+        drawn.append((seed, kind, values, RngState(device)))
+    return drawn
+
+
+def poison_freed_memory(shapes_like: list, device) -> None:
+    """Fill the allocator's free blocks of the output's sizes with NaN (or -1), then free them again.
+
+    The caching allocators hand a freed block of the right size to the next allocation of that size, so a candidate
+    that returns `torch.empty(...)` without writing it would otherwise read the reference's leftover result.
+    """
+    import torch
+
+    blocks = []
+    for leaf in shapes_like:
+        if isinstance(leaf, torch.Tensor):
+            for _ in range(2):
+                block = torch.empty(leaf.shape, dtype=leaf.dtype, device=device)
+                block.fill_(math.nan if block.is_floating_point() or block.is_complex() else -1)
+                blocks.append(block)
+    synchronize(device)
+    del blocks
 
 
 def build_reference_model(reference: dict, device):
-    """Init inputs and Model, each drawn right after seeding (KernelBench order of seeding)."""
+    """Init inputs and Model, each drawn right after seeding (KernelBench order); made on the CPU, then moved."""
     seed_everything(SEED)
     init = list(reference["get_init_inputs"]())
     seed_everything(SEED)
@@ -338,120 +495,313 @@ def build_candidate_model(solution: dict, init: list, device):
     return solution["ModelNew"](*init).to(device)
 
 
-def correctness_trials(spec: dict, reference: dict, model, model_new, device, report: Reporter) -> list[dict]:
+def trial_plan(spec: dict) -> list[tuple[int, str]]:
+    """(seed, kind) per correctness trial: KernelBench's seeded trials, then hardened signed-input trials."""
     import torch
 
     seed_everything(SEED)
     seeds = torch.randint(0, 2**32 - 1, (spec["correctness_trials"],)).tolist()
+    plan = [(s, "random") for s in seeds]
+    if spec["mode"] == "hardened":
+        plan += [(s, "signed") for s in seeds[: int(spec.get("signed_trials", 0))]]
+    return plan
+
+
+def correctness_trials(spec: dict, drawn: list[tuple], model, model_new, device, report: Reporter) -> list[dict]:
+    import torch
+
     hardened = spec["mode"] == "hardened"
-    trials = []
-    for trial_seed in seeds:
-        trial: dict = {"seed": trial_seed, "checks": []}
+    trials, last_ref = [], []
+    for trial_seed, kind, cpu_inputs, rng in drawn:
+        inputs = to_device(cpu_inputs, device)
+        trial: dict = {"seed": trial_seed, "kind": kind, "checks": []}
         if hardened:
-            trial["checks"].append(run_candidate(model_new, reference, trial_seed, device, "candidate_first", trial))
-        with torch.no_grad():
-            try:
-                ref = model(*seeded_inputs(reference, trial_seed, device))
-            except BaseException as err:
-                trial["reference_error"] = describe(err)
+            poison_freed_memory(last_ref, device)
+            trial["checks"].append(run_candidate(model_new, inputs, rng, device, "candidate_first", trial))
+            if trial["checks"][-1].get("error"):  # a CUDA fault poisons the context: nothing after it is meaningful
                 trials.append(trial)
                 break
-        trial["checks"].append(run_candidate(model_new, reference, trial_seed, device, "candidate", trial))
+        try:
+            rng.restore()
+            with torch.no_grad():
+                ref = output_leaves(model(*fresh_copy(inputs)))
+            synchronize(device)
+        except BaseException as err:
+            trial["reference_error"] = describe(err)
+            trials.append(trial)
+            break
+        if kind == "signed" and not all(torch.isfinite(r).all() for r in ref if isinstance(r, torch.Tensor)):
+            trial.update(skipped="reference output not finite on signed inputs", checks=[])
+            trials.append(trial)
+            continue
+        if hardened:
+            poison_freed_memory(ref, device)
+        trial["checks"].append(run_candidate(model_new, inputs, rng, device, "candidate", trial))
         for check in trial["checks"]:
             if "output" in check:
-                check.update(compare(check.pop("output"), ref, spec["atol"], spec["rtol"]))
+                check.update(compare(check.pop("output"), ref, spec["atol"], spec["rtol"], hardened))
         trials.append(trial)
+        last_ref = ref
         report.update(trials=trials)
         if any(c.get("error") for c in trial["checks"]):
             break
     return trials
 
 
-def run_candidate(model_new, reference: dict, trial_seed: int, device, name: str, trial: dict) -> dict:
+def run_candidate(model_new, inputs: list, rng: RngState, device, name: str, trial: dict) -> dict:
     import torch
 
-    inputs = seeded_inputs(reference, trial_seed, device)
-    before = snapshot(inputs)
+    call_inputs = fresh_copy(inputs)
     check: dict = {"name": name}
+    calls_before = KERNEL_CALLS[0]
     try:
+        rng.restore()
         with torch.no_grad():
-            check["output"] = model_new(*inputs)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+            output = model_new(*call_inputs)
+        synchronize(device)  # device-wide, before reading: work the candidate left on side streams must finish
+        check["output"] = output_leaves(output)
     except BaseException as err:
         check["error"] = describe(err)
         return check
-    changed = mutated_inputs(before, inputs)
+    check["kernel_calls"] = KERNEL_CALLS[0] - calls_before
+    changed = mutated_inputs(inputs, call_inputs)
     if changed:
-        trial.setdefault("mutated_inputs", sorted(set(trial.get("mutated_inputs", [])) | set(changed)))
+        trial["mutated_inputs"] = sorted(set(trial.get("mutated_inputs", [])) | set(changed))
     return check
 
 
-def time_model(model, inputs, warmup: int, trials: int, device) -> list[float]:
+def l2_flush_buffer(device):
+    """A buffer twice the size of the GPU's L2 cache: writing it evicts whatever the previous trial left there."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
+    return torch.empty(2 * l2_bytes, dtype=torch.uint8, device=device)
+
+
+def time_model(model, inputs, warmup: int, trials: int, device, hardened: bool) -> list[float]:
+    """Per-trial runtimes in ms. CUDA: events with a sync after each trial (KernelBench); hardened adds an L2 flush
+    before each trial and a device-wide sync inside the timed region, so work left on side streams is counted."""
     import torch
 
     times = []
+    flush = l2_flush_buffer(device) if hardened else None
     with torch.no_grad():
         for _ in range(warmup):
             model(*inputs)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            for _ in range(trials):
+        synchronize(device)
+        for _ in range(trials):
+            if device.type == "cuda":
+                if flush is not None:
+                    flush.zero_()
+                    torch.cuda.synchronize()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 model(*inputs)
+                if hardened:
+                    torch.cuda.synchronize()
                 end.record()
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end))
-        else:
-            for _ in range(trials):
-                start = time.perf_counter()
+            else:
+                start_s = time.perf_counter()
                 model(*inputs)
-                times.append((time.perf_counter() - start) * 1000.0)
+                times.append((time.perf_counter() - start_s) * 1000.0)
     return times
 
 
 def summary(times: list[float]) -> dict:
-    return {"mean_ms": statistics.fmean(times), "median_ms": statistics.median(times), "n": len(times)}
+    mean = statistics.fmean(times)
+    spread = statistics.pstdev(times) / mean if len(times) > 1 and mean > 0 else 0.0
+    return {"mean_ms": mean, "median_ms": statistics.median(times), "cv": spread, "n": len(times)}
+
+
+def own_kernel_names(source: str) -> list[str]:
+    """Names of the `__global__` functions the solution's own CUDA source defines."""
+    source = re.sub(r"__launch_bounds__\s*\([^)]*\)", " ", source)
+    return sorted(set(re.findall(r"__global__\s+(?:static\s+|inline\s+|__noinline__\s+)*void\s+(\w+)", source)))
+
+
+def cuda_kernels(fn) -> dict[str, float]:
+    """Kernel name -> device time (µs) of the CUDA kernels one call of `fn` launched, from torch's profiler.
+
+    Costs seconds on its first use in a process (CUPTI starts), so it is the fallback of `graph_kernels`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels: dict[str, float] = {}
+    for event in prof.events():
+        if getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            duration = getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0) or 0.0
+            kernels[event.name] = kernels.get(event.name, 0.0) + float(duration)
+    return kernels
+
+
+def graph_kernels(fn, scratch: Path) -> str | None:
+    """The kernel nodes of one call of `fn` captured in a CUDA graph, as the graph's debug dump (None when the call
+    cannot be captured: host syncs, unsupported calls). Costs milliseconds."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    graph.enable_debug_mode()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+        dump = scratch / "forward_graph.dot"
+        graph.debug_dump(str(dump))
+        return dump.read_text(errors="replace")
+    except BaseException:
+        return None
+    finally:
+        torch.cuda.synchronize()
+
+
+def profile_pass(reference: dict, model_new, device, source: str, scratch: Path) -> dict:
+    """Did kernels the solution defines run in its forward? A CUDA graph capture answers in milliseconds; when it
+    cannot be captured or shows none of them, torch's profiler (CUPTI) decides."""
+    import torch
+
+    own_names = own_kernel_names(source)
+    inputs = seeded_inputs(reference, SEED, device)
+    with torch.no_grad():
+        dump = graph_kernels(lambda: model_new(*fresh_copy(inputs)), scratch)
+        if dump is not None and any(name in dump for name in own_names):
+            launched = dump.count("KERNEL")
+            return {"method": "cuda_graph", "kernels": launched, "own_kernels": [n for n in own_names if n in dump]}
+        kernels = cuda_kernels(lambda: model_new(*fresh_copy(inputs)))
+    own = {name: t for name, t in kernels.items() if any(n in name for n in own_names)}
+    total = sum(kernels.values())
+    return {"method": "profiler", "kernels": len(kernels), "own_kernels": sorted(own)[:20],
+            "own_time_share": sum(own.values()) / total if total else 0.0}  # fmt: skip
 
 
 def trials_passed(trials: list[dict], n_expected: int, hardened: bool) -> bool:
-    if len(trials) < n_expected or any("reference_error" in t for t in trials):
+    if len([t for t in trials if t.get("kind", "random") == "random"]) < n_expected:
         return False
-    if hardened and any(t.get("mutated_inputs") for t in trials):
+    if any("reference_error" in t for t in trials) or (hardened and any(t.get("mutated_inputs") for t in trials)):
         return False
     checks = [c for t in trials for c in t["checks"]]
     keys = ("ok_shape", "ok_dtype", "ok_finite", "allclose")
     return all(not c.get("error") and all(c.get(k, False) for k in keys) for c in checks)
 
 
-def evaluate_phase(spec: dict, reference: dict, solution: dict, report: Reporter) -> None:
+class GpuTurn:
+    """Exclusive use of this child's GPU for everything that runs on it (a file lock shared by the children of one
+    GPU), so no other candidate's work lands in a timed region. Work that only needs the CPU (imports, loading the
+    module, starting the profiler) happens outside a turn. Counts the seconds held: the candidate's GPU time."""
+
+    def __init__(self, path: str | None):
+        self.path, self.held_s = path, 0.0
+
+    @contextlib.contextmanager
+    def __call__(self):
+        import fcntl
+
+        with open(self.path or os.devnull, "a") as lock:
+            if self.path:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.held_s += time.perf_counter() - start
+
+
+def evaluate_phase(spec: dict, reference: dict, solution: dict, source: str, scratch: Path, find_tampered,
+                   report: Reporter) -> None:  # fmt: skip
     device, label = pick_device(spec["device"])
     report.update(device=label)
     start = time.perf_counter()
     facts: dict = {"error": None}
+    turn = GpuTurn(os.environ.get(GPU_LOCK_ENV) if device.type == "cuda" else None)
+    hardened = spec["mode"] == "hardened"
+    drawn = draw_trial_inputs(spec, reference, device)
+    timing_inputs = seeded_inputs(reference, SEED, "cpu")
+    with turn():
+        passed = check_and_time(spec, reference, solution, device, facts, report, drawn, timing_inputs)
+    if passed and hardened and device.type == "cuda":
+        try:
+            cuda_kernels(lambda: None)  # CUPTI starts here: seconds of CPU work, outside the GPU turn
+            with turn():
+                facts["profile"] = profile_pass(reference, facts.pop("model_new"), device, source, scratch)
+        except BaseException as err:
+            facts["error"] = f"profiler: {describe(err)}"
+    facts.pop("model_new", None)
+    facts["tampered"] = find_tampered()
+    facts["gpu_s"] = turn.held_s
+    report.update(evaluate=facts, eval_s=time.perf_counter() - start)
+
+
+def check_and_time(spec: dict, reference: dict, solution: dict, device, facts: dict, report: Reporter,
+                   drawn: list[tuple], timing_inputs: list) -> bool:  # fmt: skip
+    """Correctness trials, then timing of both models; True when the candidate passed and was timed."""
+    start = time.perf_counter()
     try:
         init, model = build_reference_model(reference, device)
     except BaseException as err:
         report.update(reference_error=f"Model(*init): {describe(err)}")
-        return
+        return False
     try:
         model_new = build_candidate_model(solution, init, device)
     except BaseException as err:
         facts["error"] = f"ModelNew(*init): {describe(err)}"
-        report.update(evaluate=facts, eval_s=time.perf_counter() - start)
-        return
-    trials = correctness_trials(spec, reference, model, model_new, device, report)
-    facts["trials"] = trials
-    if trials_passed(trials, spec["correctness_trials"], spec["mode"] == "hardened"):
-        try:
-            inputs = seeded_inputs(reference, SEED, device)
-            facts["ref_timing"] = summary(time_model(model, inputs, spec["warmup"], spec["timing_trials"], device))
-            inputs = seeded_inputs(reference, SEED, device)
-            facts["new_timing"] = summary(time_model(model_new, inputs, spec["warmup"], spec["timing_trials"], device))
-        except BaseException as err:
-            facts["error"] = f"timing: {describe(err)}"
-    report.update(evaluate=facts, eval_s=time.perf_counter() - start)
+        return False
+    stages = facts["stage_s"] = {"setup": time.perf_counter() - start}
+    facts["trials"] = correctness_trials(spec, drawn, model, model_new, device, report)
+    stages["correctness"] = time.perf_counter() - start - sum(stages.values())
+    if not trials_passed(facts["trials"], spec["correctness_trials"], spec["mode"] == "hardened"):
+        return False
+    try:
+        for name, timed in (("ref_timing", model), ("new_timing", model_new)):
+            inputs = to_device(timing_inputs, device)
+            facts[name] = summary(time_model(timed, inputs, spec["warmup"], spec["timing_trials"], device,
+                                             spec["mode"] == "hardened"))  # fmt: skip
+    except BaseException as err:
+        facts["error"] = f"timing: {describe(err)}"
+        return False
+    stages["timing"] = time.perf_counter() - start - sum(stages.values())
+    facts["model_new"] = model_new  # for the profiler pass; removed before the facts are written
+    return True
+
+
+# ---------------------------------------------------------------- phase probe: is the task's check degenerate?
+
+
+def degenerate_outputs(ref_leaves: list, inputs: list) -> dict:
+    """Trivial answers a cheat could return without computing anything: zeros, an input, a constant."""
+    import torch
+
+    tensors = [r for r in ref_leaves if isinstance(r, torch.Tensor)]
+    if len(tensors) != len(ref_leaves) or not tensors:
+        return {}
+    guesses = {"zeros": [torch.zeros_like(r) for r in tensors]}
+    guesses["constant"] = [torch.full_like(r, r.double().mean().item() if r.numel() else 0.0) for r in tensors]
+    first = next((i for i in inputs if isinstance(i, torch.Tensor)), None)
+    if len(tensors) == 1 and first is not None and first.shape == tensors[0].shape:
+        guesses["identity"] = [first.detach().to(tensors[0].device, tensors[0].dtype)]
+    return guesses
+
+
+def probe_phase(spec: dict, reference: dict, report: Reporter) -> None:
+    """Would an all-zeros, identity or constant output pass this task's check on every trial?"""
+    import torch
+
+    device, label = pick_device(spec["device"])
+    _, model = build_reference_model(reference, device)
+    passing: dict[str, bool] = {}
+    for trial_seed, _ in trial_plan({**spec, "mode": "kernelbench"}):
+        inputs = seeded_inputs(reference, trial_seed, device)
+        with torch.no_grad():
+            ref = output_leaves(model(*fresh_copy(inputs)))
+        for kind, guess in degenerate_outputs(ref, inputs).items():
+            facts = compare(guess, ref, spec["atol"], spec["rtol"], strict_finite=False)
+            ok = all(facts.get(k, False) for k in ("ok_shape", "ok_dtype", "allclose"))
+            passing[kind] = passing.get(kind, True) and ok
+    report.update(device=label, degenerate=sorted(k for k, ok in passing.items() if ok))
 
 
 # ---------------------------------------------------------------- entry point
@@ -469,25 +819,111 @@ def load_reference(job_dir: Path, report: Reporter) -> dict | None:
         return None
 
 
+def serve() -> int:
+    """Fork server: import torch once, then fork one child per request read from stdin (a JSON line each).
+
+    Replies on stdout: {"id", "pid"} when a child starts, {"pid", "exit"} when it ends (exit: the code, or minus the
+    signal). CUDA is never touched here, so each child initialises it for itself, on the GPU its request names.
+    """
+    import select
+
+    import torch  # noqa: F401  (preloaded for the children; nothing that could touch CUDA or CUPTI)
+    import torch.utils.cpp_extension  # noqa: F401
+
+    pending = b""
+    while True:
+        ready, _, _ = select.select([0], [], [], 0.05)
+        if ready:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:  # the parent is gone
+                return 0
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    run_forked(request)
+                _reply({"id": request["id"], "pid": pid})
+        _reap_children()
+
+
+def _allow_cuda_after_fork() -> None:
+    """torch marks every fork child of a process that asked about CUDA as unable to use it; this server never
+    initialised CUDA (its device queries go through NVML), so its children may."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        torch.cuda._is_in_bad_fork = lambda: False
+
+
+def _reply(message: dict) -> None:
+    os.write(1, (json.dumps(message) + "\n").encode())  # unbuffered: a forked child must not inherit pending output
+
+
+def _reap_children() -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        _reply({"pid": pid, "exit": code})
+
+
+def run_forked(request: dict) -> None:
+    """In the forked child: a session of its own, the request's environment and log, then the job."""
+    code = 1
+    try:
+        os.setsid()
+        _allow_cuda_after_fork()
+        log_fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["job_dir"])
+        code = main(["verify_child", request["job_dir"], request["phase"]]) or 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def main(argv: list[str]) -> int:
     job_dir, phase = Path(argv[1]), argv[2]
     nonce = os.environ.pop(NONCE_ENV, "")
     spec = json.loads((job_dir / "job.json").read_text())
     apply_limits(spec)
     report = Reporter(job_dir, nonce)
+    before_torch = time.perf_counter()
     import torch
 
+    report.update(torch_import_s=time.perf_counter() - before_torch)
     torch.set_num_threads(max(1, int(spec.get("threads", 1))))
     if phase == "pch":
         build_pch(spec, report)
         return 0
-    reference = load_reference(job_dir, report) if phase == "all" else None
-    if phase == "all" and reference is None:
+    reference = load_reference(job_dir, report) if phase in ("all", "probe") else None
+    if phase == "probe" and reference is not None:
+        try:
+            probe_phase(spec, reference, report)
+        except BaseException as err:
+            report.update(reference_error=describe(err))
+    if phase == "probe" or (phase == "all" and reference is None):
         report.update(complete=True)
         return 0
-    solution = compile_phase(spec, job_dir, report)
+    # bound before the candidate runs, so replacing the module-level names cannot disable the check
+    find_tampered = functools.partial(tampered, guarded_functions())
+    source = (job_dir / "solution.py").read_text()  # read before it runs: the solution could rewrite the file
+    solution = compile_phase(spec, source, job_dir, report)
     if phase == "all" and solution is not None and "ModelNew" in solution:
-        evaluate_phase(spec, reference, solution, report)
+        evaluate_phase(spec, reference, solution, source, job_dir, find_tampered, report)
     report.update(complete=True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -495,4 +931,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(serve() if sys.argv[1:] == ["serve"] else main(sys.argv))

@@ -1,0 +1,142 @@
+"""Verifier throughput on a GPU machine: compile on the CPU pool, then check and time on the GPU.
+
+Prints one table with the issue's targets next to what was measured, side by side in one run:
+  GPU-seconds per candidate (verify wall time / candidates, one GPU)      target <= 3
+  candidates per hour on the node (compile and verify overlapped, as the workflow's CPU and GPU jobs are)
+                                                                         target >= 500
+  coefficient of variation of one kernel's speedup over repeated runs    target <= 2 %
+Candidates: a level-1 elementwise task and a level-2 GEMM task, honest fast/slow, wrong and cheating kernels;
+each carries a unique extension name, so every build is cold, as it is for model-written candidates.
+
+    python benchmarks/verify_throughput.py --candidates 16 --repeats 10 --out results/bench/verify.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+
+from concur import contracts  # noqa: E402
+from concur.verify import compile_frame, verify_frame  # noqa: E402
+from verify_cuda_solutions import solution  # noqa: E402
+
+TASKS = {"relu_add": "task_relu_add.py", "gemm_bias_relu": "task_gemm_bias_relu.py"}
+MIX = [("fast", "relu_add"), ("gemm_bias_relu", "gemm_bias_relu"), ("slow", "relu_add"), ("wrong", "relu_add"),
+       ("aten_wrapper", "relu_add"), ("side_stream", "relu_add")]  # fmt: skip
+
+
+def candidates_frame(n: int) -> pd.DataFrame:
+    rows = []
+    for i in range(n):
+        variant, task = MIX[i % len(MIX)]
+        rows.append({"candidate_id": f"c{i:03d}-{variant}", "task_id": task, "sample_idx": i, "generator": "bench",
+                     "backend": "replay", "prompt": "", "response": "", "reasoning": "", "answer": "",
+                     "code": solution(variant, tag=f"_{i}"), "reasoning_tokens": 0, "completion_tokens": 0,
+                     "finish_reason": "replay", "seed": 0})  # fmt: skip
+    return contracts.conform(pd.DataFrame(rows), contracts.CANDIDATES)
+
+
+def tasks_frame() -> pd.DataFrame:
+    folder = ROOT / "tests" / "fixtures" / "verify_cuda"
+    rows = [{"task_id": t, "split": "eval", "suite": "bench", "level": 1 if t == "relu_add" else 2, "name": t,
+             "code": (folder / f).read_text(), "category": "fused", "n_ops": 3, "origin": "fixture"}
+            for t, f in TASKS.items()]  # fmt: skip
+    return contracts.conform(pd.DataFrame(rows), contracts.TASKS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--candidates", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=10, help="repeated verifications of one kernel (CV)")
+    parser.add_argument("--compile-workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--mode", default="hardened", choices=["kernelbench", "hardened"])
+    parser.add_argument("--workers", type=int, default=3, help="children per GPU (they take turns on it)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="concur-bench-"))
+    settings = {"device": "cuda", "mode": args.mode, "timeout_s": 900, "workers": args.workers, "timing_trials": 100,
+                "warmup": 3, "compile_workers": args.compile_workers, "build_cache": str(work / "cache")}  # fmt: skip
+    candidates, tasks = candidates_frame(args.candidates), tasks_frame()
+
+    start = time.perf_counter()
+    builds = compile_frame(candidates, settings, work / "compile", progress=False)
+    compile_wall = time.perf_counter() - start
+
+    start = time.perf_counter()
+    verdicts = verify_frame(candidates, tasks, settings, work / "verify", progress=False, builds=builds)
+    verify_wall = time.perf_counter() - start
+
+    print(verdicts[["candidate_id", "status", "speedup", "compile_s", "eval_s", "reason"]].to_string(max_colwidth=60))
+    fast = candidates[candidates["candidate_id"].str.endswith("-fast")].iloc[[0]]
+    speedups, median_speedups = [], []
+    for r in range(args.repeats):
+        row = verify_frame(fast, tasks, settings, work / f"repeat{r}", progress=False, builds=builds).iloc[0]
+        speedups.append(float(row["speedup"]))
+        median_speedups.append(float(row["ref_median_ms"] / row["new_median_ms"]))
+    cv, median_cv = variation(speedups), variation(median_speedups)
+
+    stages = child_stages(work / "verify" / "jobs" / "verify")
+    n = len(candidates)
+    gpu_s = verify_wall / n  # the GPU is taken in turns: wall time per candidate is what each one costs it
+    compile_s = compile_wall / n
+    per_hour_pipelined = 3600.0 / max(gpu_s, compile_s)
+    per_hour_sequential = 3600.0 * n / (compile_wall + verify_wall)
+    results = {
+        "device": verdicts["device"].iloc[0], "candidates": n, "compile_workers": args.compile_workers,
+        "compile_wall_s": compile_wall, "verify_wall_s": verify_wall, "gpu_s_per_candidate": gpu_s,
+        "compile_s_per_candidate_amortized": compile_s, "build_s_median": float(builds["compile_s"].median()),
+        "candidates_per_hour_pipelined": per_hour_pipelined, "candidates_per_hour_sequential": per_hour_sequential,
+        "speedup_repeats": speedups, "speedup_cv": cv, "median_speedup_repeats": median_speedups,
+        "median_speedup_cv": median_cv, "eval_s_median": float(verdicts["eval_s"].median()),
+        "statuses": verdicts["status"].value_counts().to_dict(), "child_stage_s_median": stages,
+    }  # fmt: skip
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
+    print(f"\nverifier throughput on {results['device']}, {n} candidates, {args.compile_workers} compile workers")
+    print(f"{'metric':<44}{'measured':>12}{'target':>10}")
+    rows = [("GPU-seconds per candidate", f"{gpu_s:.2f}", "<= 3"),
+            ("candidates/hour (compile || verify)", f"{per_hour_pipelined:.0f}", ">= 500"),
+            ("candidates/hour (compile, then verify)", f"{per_hour_sequential:.0f}", ""),
+            ("one build, median s (parallel pool)", f"{results['build_s_median']:.1f}", ""),
+            ("compile wall s / candidate (amortized)", f"{compile_s:.2f}", ""),
+            (f"speedup CV over {args.repeats} runs (means)", f"{100 * cv:.2f} %", "<= 2 %"),
+            (f"speedup CV over {args.repeats} runs (medians)", f"{100 * median_cv:.2f} %", "")]  # fmt: skip
+    for name, value, target in rows:
+        print(f"{name:<44}{value:>12}{target:>10}")
+    print("where a candidate's GPU time goes (median s):", json.dumps({k: round(v, 3) for k, v in stages.items()}))
+
+
+def variation(values: list[float]) -> float:
+    mean = statistics.fmean(values)
+    return statistics.pstdev(values) / mean if mean > 0 else float("nan")
+
+
+def child_stages(jobs: Path) -> dict[str, float]:
+    """Median seconds per stage of the verify children (torch import, setup, correctness, timing, profile)."""
+    samples: dict[str, list[float]] = {}
+    for path in jobs.glob("*/result.json"):
+        facts = json.loads(path.read_text())
+        evaluate = facts.get("evaluate") or {}
+        stages = {"torch_import": facts.get("torch_import_s"), "gpu_turns": evaluate.get("gpu_s"),
+                  **evaluate.get("stage_s", {})}  # fmt: skip
+        for name, seconds in stages.items():
+            if seconds is not None:
+                samples.setdefault(name, []).append(seconds)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+if __name__ == "__main__":
+    main()
