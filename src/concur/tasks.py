@@ -546,7 +546,10 @@ class _Checker:
 
     def close(self) -> None:
         if self.proc is not None:
-            self.proc.stdin.close()
+            try:
+                self.proc.stdin.close()
+            except OSError:  # the checker already died
+                pass
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
