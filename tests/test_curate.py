@@ -201,3 +201,13 @@ def test_bad_settings_are_errors():
         curate(*make_tables(), settings(selection="fastest"))
     with pytest.raises(ValueError, match="unknown subset 'median'"):
         curate(*make_tables(), settings(ablations=["median"]))
+
+
+def test_verdicts_on_degenerate_tasks_are_not_admitted():
+    cands, verdicts, tasks = make_tables()
+    verdicts["trusted"] = verdicts["task_id"] != "t/b"  # a trivial output passes t/b's check
+    result = curate(cands, verdicts, tasks, settings())
+    assert "t/b" not in set(result.dataset["task_id"])
+    assert not any("t/b" in set(s["task_id"]) for s in result.subsets.values())
+    trusted = curate(cands, verdicts.drop(columns="trusted"), tasks, settings())
+    assert "t/b" in set(trusted.dataset["task_id"])

@@ -206,6 +206,8 @@ def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame
     if unknown:
         raise ValueError(f"curate.ablations: unknown subset {unknown[0]!r} (known: {', '.join(ABLATIONS)})")
 
+    if "trusted" in verdicts.columns:  # verdicts on degenerate tasks (a trivial output passes) prove nothing
+        verdicts = verdicts.assign(correct=verdicts["correct"].astype(bool) & verdicts["trusted"].astype(bool))
     joined = join_candidates(candidates, verdicts, tasks)
     correct = joined[joined["correct"]].reset_index(drop=True)
 
