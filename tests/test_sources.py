@@ -100,7 +100,7 @@ def test_kernelbench_missing_level_names_the_folder():
 def test_user_folder_rejects_unparsable_and_incomplete_programs():
     rows, rejected = load_folder({"kind": "folder", "path": str(USER)})
     assert {r["task_id"] for r in rows} == {"user/good_scale", "user/fails_at_run", "user/relu_copy",
-                                            "user/gelu_scale_near"}
+                                            "user/gelu_scale_near", "user/sleeps", "user/exits"}
     reasons = {r["task_id"]: r["reason"] for r in rejected}
     assert reasons["user/nested/broken_syntax"].startswith("program: not valid Python (line 5")
     assert reasons["user/no_inputs"] == "program: missing get_inputs"
@@ -138,7 +138,7 @@ def stage(tmp_path_factory):
         {"kind": "folder", "path": str(USER), "split": "train"},
         {"kind": "kernelbench", "path": str(KERNELBENCH), "split": "eval", "levels": [1, 2]},
     ]
-    run(sources, paths, {"validate_run": True, "validate_timeout_s": 60, "max_input_mb": 256}, workers=2)
+    run(sources, paths, {"validate_run": True, "validate_timeout_s": 4, "max_input_mb": 256}, workers=2)
     return {name: (pd.read_parquet(p) if p.endswith(".parquet") else pd.read_csv(p, keep_default_na=False))
             for name, p in paths.items()}
 
@@ -152,12 +152,15 @@ def test_stage_writes_the_contract_and_reports_every_rejection(stage):
     assert reasons["kernelbook/104"] == "entry point class 'Missing' is not defined"
     assert reasons["user/nested/broken_syntax"].startswith("program: not valid Python")
     assert reasons["user/fails_at_run"].startswith("reference does not run: RuntimeError")
+    assert reasons["user/exits"] == "reference does not run: the reference process ended without a verdict (exit code 3)"
     assert set(reasons) == {"kernelbook/104", "kernelbook/105", "user/nested/broken_syntax", "user/no_inputs",
-                            "user/fails_at_run"}
+                            "user/fails_at_run", "user/exits"}
     # the 2 x 64 GiB matmul is sized on the meta device, kept for evaluation, and listed as not run
     assert "kernelbench/L1/2_Huge_Matmul" in set(eval_["task_id"])
     unchecked = dict(zip(stage["unchecked"]["task_id"], stage["unchecked"]["reason"]))
     assert unchecked["kernelbench/L1/2_Huge_Matmul"].startswith("not run to the end: parameters and inputs take")
+    # a reference slower than validate_timeout_s is killed, kept and listed
+    assert unchecked["user/sleeps"] == "not run to the end: ran longer than 4 s on the CPU"
     assert {"builtin/relu", "kernelbook/102", "kernelbook/107", "user/good_scale"} <= set(train["task_id"])
 
 
