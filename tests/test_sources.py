@@ -210,3 +210,33 @@ def test_plan_time_benchmark_runs_at_small_scale():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "configs/paper.yaml (synthetic KernelBook + KernelBench)" in proc.stdout
+
+
+def test_hub_ids_go_through_datasets_load_dataset(monkeypatch):
+    export = pd.read_json(FIXTURES / "kernelbench_export.jsonl", lines=True)
+    calls = []
+
+    class Split:
+        def __init__(self, frame):
+            self.frame = frame
+
+        def to_pandas(self):
+            return self.frame
+
+    def load_dataset(hub_id, revision=None):
+        calls.append((hub_id, revision))
+        return {f"level_{n}": Split(export[export["level"] == n]) for n in (1, 2, 3)}
+
+    monkeypatch.setitem(sys.modules, "datasets", type(sys)("datasets"))
+    monkeypatch.setattr(sys.modules["datasets"], "load_dataset", load_dataset, raising=False)
+    rows, _ = load_kernelbench({"kind": "kernelbench", "path": "SomeOrg/KernelBench", "revision": "abc123",
+                                "levels": [2]})
+    assert calls == [("SomeOrg/KernelBench", "abc123")]
+    assert [r["task_id"] for r in rows] == ["kernelbench/L2/7_Linear_GELU_Scale"]
+
+
+def test_hub_ids_without_datasets_installed_say_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(TaskError, match=r"GPUMODE/KernelBook: no such local path; loading it from the Hugging Face hub "
+                                        r"needs the `datasets` package"):
+        load_kernelbook({"kind": "kernelbook", "path": "GPUMODE/KernelBook"})

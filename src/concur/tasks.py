@@ -18,7 +18,7 @@ import select
 import signal
 import subprocess
 import sys
-import threading
+import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -500,24 +500,30 @@ _SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_
 _MB = 2**20
 
 
-def validate_programs(codes: list[str], timeout_s: float, max_input_mb: float, workers: int) -> list[dict]:
+def validate_programs(codes: list[str], timeout_s: float, max_input_mb: float, workers: int,
+                      started: list | None = None) -> list[dict]:
     """One verdict per program, in order: {"status": ok | rejected | too_large | timeout, "reason", "seconds"}.
 
-    Each of `workers` threads drives its own checker process, which imports torch once and forks a fresh child per
-    program, so a program costs a fork rather than a new interpreter.
+    Each checker process imports torch once and forks a fresh child per program, so a program costs a fork rather
+    than a new interpreter. `started`: checkers started earlier (their torch import overlaps the caller's work).
     """
-    local, checkers, lock = threading.local(), [], threading.Lock()
+    checkers = list(started or [])
+    # a checker costs a torch import (seconds): small suites share one
+    wanted = max(1, min(workers, len(codes) // 64))
+    checkers += [_Checker() for _ in range(wanted - len(checkers))]
+    idle = queue.SimpleQueue()
+    for checker in checkers:
+        idle.put(checker)
 
     def check(code: str) -> dict:
-        if not hasattr(local, "checker"):
-            local.checker = _Checker()
-            with lock:
-                checkers.append(local.checker)
-        return local.checker.check({"code": code, "timeout_s": timeout_s, "max_input_mb": max_input_mb})
+        checker = idle.get()
+        try:
+            return checker.check({"code": code, "timeout_s": timeout_s, "max_input_mb": max_input_mb})
+        finally:
+            idle.put(checker)
 
     try:
-        # a checker costs a torch import (seconds): small suites share one
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(codes) // 64))) as pool:
+        with ThreadPoolExecutor(max_workers=len(checkers)) as pool:
             return list(pool.map(check, codes))
     finally:
         for checker in checkers:
@@ -527,8 +533,8 @@ def validate_programs(codes: list[str], timeout_s: float, max_input_mb: float, w
 class _Checker:
     """A long-lived `serve_checks` process; restarted if it dies."""
 
-    def __init__(self):
-        self.proc: subprocess.Popen | None = None
+    def __init__(self, start: bool = False):
+        self.proc: subprocess.Popen | None = self._start() if start else None
 
     def check(self, job: dict) -> dict:
         if self.proc is None or self.proc.poll() is not None:
@@ -709,9 +715,15 @@ def build_tasks(sources: list[dict], settings: dict | None = None, workers: int 
     unknown = [src["kind"] for src in sources if src["kind"] not in SOURCES]
     if unknown:
         raise TaskError(f"task source kind {unknown[0]!r} is unknown (available: {', '.join(SOURCES)})")
-    tasks, rejected = _load_sources(sources)
-    tasks, duplicates = drop_duplicate_code(tasks)
-    tasks, failed, unchecked = _validate(tasks, settings, workers)
+    early = [_Checker(start=True)] if settings["validate_run"] else []
+    try:
+        tasks, rejected = _load_sources(sources)
+        tasks, duplicates = drop_duplicate_code(tasks)
+    except BaseException:
+        for checker in early:
+            checker.close()
+        raise
+    tasks, failed, unchecked = _validate(tasks, settings, workers, early)
     train, eval_ = (tasks[tasks["split"] == split] for split in SPLITS)
     report = contamination_report(train, eval_, settings["similarity_threshold"], settings["ngram"])
     if settings["drop_contaminated"]:
@@ -756,13 +768,14 @@ def drop_duplicate_code(tasks: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
     return tasks[keep].reset_index(drop=True), duplicates
 
 
-def _validate(tasks: pd.DataFrame, settings: dict, workers: int) -> tuple[pd.DataFrame, list[dict], list[dict]]:
+def _validate(tasks: pd.DataFrame, settings: dict, workers: int,
+              started: list) -> tuple[pd.DataFrame, list[dict], list[dict]]:
     """Run every reference once; failures are rejected, programs too big or slow for the CPU kept but listed."""
     if not settings["validate_run"]:
         unchecked = [_report_row(t, "not run: validate_run is false") for t in tasks.itertuples(index=False)]
         return tasks, [], unchecked
     verdicts = validate_programs(tasks["code"].tolist(), settings["validate_timeout_s"], settings["max_input_mb"],
-                                 workers)
+                                 workers, started)
     keep, failed, unchecked = [], [], []
     for task, verdict in zip(tasks.itertuples(index=False), verdicts):
         keep.append(verdict["status"] != "rejected")
