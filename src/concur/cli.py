@@ -113,7 +113,9 @@ def _verify_one(args) -> None:
     reference, solution = Path(args.reference).read_text(), Path(args.solution).read_text()
     with _workdir(args.workdir) as workdir:
         verdict = verify_one(reference, solution, _verify_settings(args), Path(workdir))
-    print(json.dumps(verdict, indent=2, default=str))
+    # strict JSON for the tools users pipe this into: NaN (not measured) becomes null
+    clean = {k: None if isinstance(v, float) and v != v else v for k, v in verdict.items()}
+    print(json.dumps(clean, indent=2, default=str))
 
 
 class _workdir:

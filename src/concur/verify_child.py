@@ -27,6 +27,7 @@ from pathlib import Path
 
 NONCE_ENV = "CONCUR_VERIFY_NONCE"
 GPU_LOCK_ENV = "CONCUR_GPU_LOCK"
+WARMUP_MIN_S = 0.2  # hardened: warm up at least this long, so the GPU's clocks have settled before timing
 SEED = 42
 PCH_CFLAGS = ["-O3"]  # flags of the shared precompiled header; gcc ignores it for builds with incompatible flags
 LOCK_NAME = "extension.h.concur-lock"
@@ -580,35 +581,61 @@ def l2_flush_buffer(device):
     return torch.empty(2 * l2_bytes, dtype=torch.uint8, device=device)
 
 
-def time_model(model, inputs, warmup: int, trials: int, device, hardened: bool) -> list[float]:
-    """Per-trial runtimes in ms. CUDA: events with a sync after each trial (KernelBench); hardened adds an L2 flush
-    before each trial and a device-wide sync inside the timed region, so work left on side streams is counted."""
+def timed_call(model, inputs, device, flush) -> float:
+    """One call's runtime in ms. CUDA: events and a sync after the call (KernelBench); with `flush` (hardened) the
+    L2 cache is flushed before it and a device-wide sync sits inside the timed region, so work the call left on side
+    streams is counted."""
     import torch
 
-    times = []
+    if device.type != "cuda":
+        start_s = time.perf_counter()
+        model(*inputs)
+        return (time.perf_counter() - start_s) * 1000.0
+    if flush is not None:
+        flush.zero_()
+        torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    model(*inputs)
+    if flush is not None:
+        torch.cuda.synchronize()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
+def time_models(model, model_new, inputs, spec: dict, device) -> tuple[list[float], list[float]]:
+    """Per-trial runtimes (ms) of the reference and the candidate, each called on its own copy of the inputs.
+
+    kernelbench: warm-ups, then the reference's trials, then the candidate's. hardened: warm-ups until the GPU has
+    run for a while (clocks settle), then the trials interleaved (reference and candidate alternate, order flipped
+    each trial), so a clock change or a neighbour's load lands on both sides of the ratio."""
+    import torch
+
+    hardened = spec["mode"] == "hardened"
     flush = l2_flush_buffer(device) if hardened else None
+    models = [(model, fresh_copy(inputs)), (model_new, fresh_copy(inputs))]
+    times: list[list[float]] = [[], []]
     with torch.no_grad():
-        for _ in range(warmup):
-            model(*inputs)
-        synchronize(device)
-        for _ in range(trials):
-            if device.type == "cuda":
-                if flush is not None:
-                    flush.zero_()
-                    torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                model(*inputs)
-                if hardened:
-                    torch.cuda.synchronize()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                start_s = time.perf_counter()
-                model(*inputs)
-                times.append((time.perf_counter() - start_s) * 1000.0)
-    return times
+        if not hardened:
+            for side, (fn, args) in enumerate(models):
+                for _ in range(spec["warmup"]):
+                    fn(*args)
+                synchronize(device)
+                times[side] = [timed_call(fn, args, device, None) for _ in range(spec["timing_trials"])]
+            return times[0], times[1]
+        warm_until = time.perf_counter() + WARMUP_MIN_S
+        for done in range(10**6):
+            for fn, args in models:
+                fn(*args)
+            synchronize(device)
+            if done + 1 >= spec["warmup"] and time.perf_counter() >= warm_until:
+                break
+        for trial in range(spec["timing_trials"]):
+            for side in ((0, 1) if trial % 2 == 0 else (1, 0)):
+                fn, args = models[side]
+                times[side].append(timed_call(fn, args, device, flush))
+    return times[0], times[1]
 
 
 def summary(times: list[float]) -> dict:
@@ -756,10 +783,8 @@ def check_and_time(spec: dict, reference: dict, solution: dict, device, facts: d
     if not trials_passed(facts["trials"], spec["correctness_trials"], spec["mode"] == "hardened"):
         return False
     try:
-        for name, timed in (("ref_timing", model), ("new_timing", model_new)):
-            inputs = to_device(timing_inputs, device)
-            facts[name] = summary(time_model(timed, inputs, spec["warmup"], spec["timing_trials"], device,
-                                             spec["mode"] == "hardened"))  # fmt: skip
+        ref_times, new_times = time_models(model, model_new, to_device(timing_inputs, device), spec, device)
+        facts["ref_timing"], facts["new_timing"] = summary(ref_times), summary(new_times)
     except BaseException as err:
         facts["error"] = f"timing: {describe(err)}"
         return False
