@@ -107,13 +107,17 @@ def model_class(tree: ast.Module) -> ast.ClassDef | None:
 
 def check_program(code: str, where: str) -> None:
     """A task must parse and define Model, get_inputs and get_init_inputs at module level."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as err:
-        raise TaskError(f"{where}: not valid Python (line {err.lineno}: {err.msg})") from None
+    tree = _parse(code, where)
     missing = [name for name in REQUIRED_NAMES if name not in _top_level_names(tree)]
     if missing:
         raise TaskError(f"{where}: missing {', '.join(missing)}")
+
+
+def _parse(code: str, where: str) -> ast.Module:
+    try:
+        return ast.parse(code)
+    except SyntaxError as err:
+        raise TaskError(f"{where}: not valid Python (line {err.lineno}: {err.msg})") from None
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
@@ -192,7 +196,7 @@ def adapt_kernelbook(code: str, entry_point: str) -> str:
     KernelBook's get_init_inputs() returns [args, kwargs]. Keyword arguments are moved to their positional slots of
     the entry point's __init__ when the signature allows it; otherwise an adapter subclass `Model` binds them.
     """
-    tree = ast.parse(code)
+    tree = _parse(code, "program")
     classes = _classes(tree)
     if entry_point not in classes:
         raise TaskError(f"entry point class {entry_point!r} is not defined")
@@ -302,10 +306,11 @@ def load_kernelbook(source: dict) -> tuple[list[dict], list[dict]]:
     rows, rejected = [], []
     for record in table.to_dict("records"):
         code, entry_point = str(record["python_code"]), str(record["entry_point"])
-        uuid = str(record.get("uuid") or hashlib.sha256(code.encode()).hexdigest()[:16])
+        uuid = record.get("uuid")
+        uuid = str(uuid) if pd.notna(uuid) and str(uuid) else hashlib.sha256(code.encode()).hexdigest()[:16]
         task_id = f"kernelbook/{uuid}"
         origin = f"{path}#uuid={uuid}" + (f" repo={record['repo_name']}" if record.get("repo_name") else "")
-        _add_program(rows, rejected, lambda: adapt_kernelbook(code, entry_point),
+        _add_program(rows, rejected, lambda code=code, entry_point=entry_point: adapt_kernelbook(code, entry_point),
                      task_id=task_id, split=split, suite="kernelbook", name=entry_point, origin=origin, level=None)
     return rows, rejected
 
