@@ -145,7 +145,8 @@ def stage(tmp_path_factory):
 
 def test_stage_writes_the_contract_and_reports_every_rejection(stage):
     train, eval_ = stage["train"], stage["eval"]
-    assert list(train.columns) == list(contracts.TASKS) and list(eval_.columns) == list(contracts.TASKS)
+    flags = ["degenerate", "degenerate_outputs"]  # the probe's columns, after the contract's
+    assert list(train.columns) == list(contracts.TASKS) + flags and list(eval_.columns) == list(contracts.TASKS) + flags
     reasons = dict(zip(stage["rejected"]["task_id"], stage["rejected"]["reason"]))
     assert list(stage["rejected"].columns) == ["task_id", "source", "origin", "reason"]
     assert reasons["kernelbook/105"] == "duplicate of kernelbook/101 (same normalised code)"
@@ -240,3 +241,17 @@ def test_hub_ids_without_datasets_installed_say_so(monkeypatch):
     with pytest.raises(TaskError, match=r"GPUMODE/KernelBook: no such local path; loading it from the Hugging Face hub "
                                         r"needs the `datasets` package"):
         load_kernelbook({"kind": "kernelbook", "path": "GPUMODE/KernelBook"})
+
+
+def test_degenerate_tasks_are_flagged():
+    from pathlib import Path
+
+    from concur.tasks import flag_degenerate
+
+    fixtures = Path(__file__).parent / "fixtures" / "verify"
+    frame = pd.DataFrame({"task_id": ["relu_rand", "relu_add"],
+                          "code": [(fixtures / f"task_{n}.py").read_text() for n in ("relu_rand", "relu_add")]})
+    (flagged,) = flag_degenerate([frame], set(), {"validate_timeout_s": 60}, workers=2)
+    # relu of inputs drawn from [0, 1) is the identity: returning the input passes its check
+    assert flagged["degenerate"].tolist() == [True, False]
+    assert flagged["degenerate_outputs"].tolist() == ["identity", ""]

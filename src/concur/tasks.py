@@ -736,13 +736,38 @@ def build_tasks(sources: list[dict], settings: dict | None = None, workers: int 
     log.info("tasks: %d train, %d eval; %d rejected, %d duplicates, %d not run, %d contaminated train tasks%s",
              len(train), len(eval_), len(rejected) + len(failed), len(duplicates), len(unchecked),
              report["train_task_id"].nunique(), " (dropped)" if settings["drop_contaminated"] else "")
+    train, eval_ = contracts.conform(train, contracts.TASKS, "tasks/train"), contracts.conform(eval_, contracts.TASKS,
+                                                                                              "tasks/eval")
+    if settings["validate_run"]:
+        skip = {row["task_id"] for row in unchecked}
+        train, eval_ = flag_degenerate([train, eval_], skip, settings, workers)
     return {
-        "train": contracts.conform(train, contracts.TASKS, "tasks/train"),
-        "eval": contracts.conform(eval_, contracts.TASKS, "tasks/eval"),
+        "train": train,
+        "eval": eval_,
         "rejected": pd.DataFrame(rejected + duplicates + failed, columns=REPORT_COLUMNS),
         "unchecked": pd.DataFrame(unchecked, columns=REPORT_COLUMNS),
         "contamination": report,
     }
+
+
+def flag_degenerate(frames: list[pd.DataFrame], skip: set[str], settings: dict, workers: int) -> list[pd.DataFrame]:
+    """Add `degenerate` (a trivial output — zeros, an input, a constant — passes the task's check, so its verdicts
+    prove little) and `degenerate_outputs` (which ones), probed once per task on the CPU with the verifier's check."""
+    import tempfile
+
+    from .verify import normalize_settings, probe_tasks
+
+    probe_settings = normalize_settings({"device": "cpu", "workers": max(1, workers),
+                                         "timeout_s": settings["validate_timeout_s"]})  # fmt: skip
+    references = {t: c for f in frames for t, c in zip(f["task_id"], f["code"]) if t not in skip}
+    with tempfile.TemporaryDirectory(prefix="concur-probe-") as workdir:
+        kinds = probe_tasks(references, probe_settings, Path(workdir))
+    flagged = []
+    for frame in frames:
+        found = [kinds.get(t, []) for t in frame["task_id"]]
+        flagged.append(frame.assign(degenerate=[bool(k) for k in found], degenerate_outputs=["+".join(k) for k in found]))
+    log.info("degenerate tasks: %s", sorted(t for t, k in kinds.items() if k) or "none")
+    return flagged
 
 
 def _load_sources(sources: list[dict]) -> tuple[pd.DataFrame, list[dict]]:

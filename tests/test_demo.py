@@ -1,0 +1,117 @@
+"""The README's main job, end to end: the default config on the built-in suite and the demo generations.
+
+One Snakemake run (the slowest test: minutes, mostly C++ builds), then assertions on the contents of every
+artifact, each checked against what its inputs make it (the demo generations say what each response was written
+to do; see resources/demo/README.md).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from concur import contracts
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "resources" / "demo" / "generations.jsonl"
+EXPECTED_STATUS = {"correct_fast": "correct", "correct_slow": "correct", "wrong_result": "incorrect",
+                   "compile_error": "compile_error", "torch_fallback": "rejected", "no_code": "no_code"}  # fmt: skip
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "results"
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--config", f"results={out}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return out
+
+
+def shards(results: Path, kind: str) -> pd.DataFrame:
+    return pd.concat([pd.read_parquet(p) for p in sorted((results / kind / "demo-teacher").glob("shard-*.parquet"))])
+
+
+def demo_kinds() -> dict[tuple[str, int], str]:
+    rows = [json.loads(line) for line in DEMO.read_text().splitlines() if line.strip()]
+    return {(r["task_id"], r["sample_idx"]): r["demo_kind"] for r in rows}
+
+
+def test_tasks(results):
+    train, evals = pd.read_parquet(results / "tasks" / "train.parquet"), pd.read_parquet(results / "tasks" / "eval.parquet")
+    assert len(train) >= 12 and len(evals) >= 8
+    assert list(train.columns)[: len(contracts.TASKS)] == list(contracts.TASKS)
+    assert {"single_op", "fused"} <= set(train["category"]) and set(evals["category"]) <= set(contracts.CATEGORIES)
+    assert train["code"].str.contains("class Model").all() and not set(train["task_id"]) & set(evals["task_id"])
+
+
+def test_candidates_follow_the_demo_generations(results):
+    candidates = shards(results, "candidates")
+    kinds = demo_kinds()
+    assert len(candidates) == len(kinds) and candidates["candidate_id"].is_unique
+    for row in candidates.itertuples():
+        kind = kinds[(row.task_id, row.sample_idx)]
+        assert (row.code == "") == (kind == "no_code"), row.candidate_id
+        assert row.reasoning and row.reasoning_tokens > 0 and "<think>" not in row.answer
+        assert row.prompt.count("ModelNew") >= 1
+
+
+def test_every_verdict_is_the_one_the_response_was_written_for(results):
+    candidates, verdicts = shards(results, "candidates"), shards(results, "verified")
+    builds = shards(results, "builds")
+    assert list(verdicts.columns) == list(contracts.VERDICTS) and list(builds.columns) == list(contracts.BUILDS)
+    joined = candidates.merge(verdicts, on=["candidate_id", "task_id"])
+    kinds = demo_kinds()
+    joined["kind"] = [kinds[(t, s)] for t, s in zip(joined["task_id"], joined["sample_idx"])]
+    for row in joined.itertuples():
+        assert row.status == EXPECTED_STATUS[row.kind], (row.candidate_id, row.kind, row.reason)
+    correct = joined[joined["correct"]]
+    assert (correct["speedup"] > 0).all() and (joined.loc[~joined["correct"], "speedup"] == 0).all()
+    speed = correct.pivot_table(index="task_id", columns="kind", values="speedup", aggfunc="max")
+    assert (speed["correct_fast"] > speed["correct_slow"]).mean() >= 0.75  # timings on a busy laptop may jitter
+    assert set(builds.loc[builds["candidate_id"].isin(correct["candidate_id"]), "status"]) == {"built"}
+
+
+def test_curated_dataset(results):
+    dataset = pd.read_parquet(results / "dataset" / "concur.parquet")
+    verdicts = shards(results, "verified").set_index("candidate_id")
+    assert len(dataset) > 0 and dataset["candidate_id"].is_unique
+    assert verdicts.loc[dataset["candidate_id"], "correct"].all()
+    assert set(dataset["criterion"]) <= {"shortest_fastest", "high_speedup", "single_op_balance"}
+    assert (dataset.loc[dataset["criterion"] == "high_speedup", "speedup"] > 5).all()
+    for name in ("min", "max", "speedup", "random"):
+        subset = pd.read_parquet(results / "dataset" / "subsets" / f"{name}.parquet")
+        assert len(subset) == len(dataset) and verdicts.loc[subset["candidate_id"], "correct"].all()
+    sft = [json.loads(line) for line in (results / "dataset" / "concur_sft.jsonl").read_text().splitlines()]
+    assert len(sft) == len(dataset)
+    assert all(r["messages"][1]["content"].startswith("<think>\n") for r in sft)
+    assert f"Dataset rows: {len(dataset)}" in (results / "dataset" / "card.md").read_text()
+
+
+def test_adapter(results):
+    adapter = results / "adapters" / "concur"
+    assert (adapter / "adapter_config.json").exists() and (adapter / "adapter_model.safetensors").stat().st_size > 0
+    log = [json.loads(line) for line in (adapter / "train_log.jsonl").read_text().splitlines()]
+    assert log and all(r["loss"] > 0 for r in log)
+
+
+def test_evaluation(results):
+    scores = pd.read_csv(results / "eval" / "scores.csv")
+    assert {"base", "concur"} <= set(scores["model"])
+    for model in ("base", "concur"):
+        verified = pd.read_parquet(results / "eval" / model / "verified.parquet")
+        overall = scores[(scores["model"] == model) & (scores["scope"] == "overall")].iloc[0]
+        assert overall["exec"] == pytest.approx(verified["correct"].mean())
+
+
+def test_analysis(results):
+    summary = json.loads((results / "analysis" / "summary.json").read_text())
+    verdicts = shards(results, "verified")
+    assert summary["n_candidates"] == len(verdicts) and summary["n_correct"] == int(verdicts["correct"].sum())
+    for png in (results / "figures").glob("*.png"):
+        assert png.read_bytes()[:4] == b"\x89PNG"
+    assert len(list((results / "figures").glob("*.png"))) >= 5
