@@ -27,8 +27,8 @@ def job_counts(output: str) -> dict[str, int]:
 def test_dry_run_lists_every_job_of_the_default_config(tmp_path):
     out = snakemake("-n", "--config", f"results={tmp_path}/results")
     assert job_counts(out.stdout) == {
-        "all": 1, "tasks": 1, "synthesize": 2, "verify": 2, "curate": 1, "train": 1,
-        "eval_generate": 2, "eval_verify": 2, "eval_score": 1, "analyze": 1,
+        "all": 1, "tasks": 1, "synthesize": 2, "compile": 2, "verify": 2, "curate": 1, "train": 1,
+        "eval_generate": 2, "eval_compile": 2, "eval_verify": 2, "eval_score": 1, "analyze": 1,
     }
 
 
@@ -37,13 +37,13 @@ def test_shard_count_comes_from_config(tmp_path):
     overlay.write_text("tasks:\n  shards: 5\n")
     out = snakemake("-n", "--configfile", str(overlay), "--config", f"results={tmp_path}/results")
     counts = job_counts(out.stdout)
-    assert counts["synthesize"] == 5 and counts["verify"] == 5
+    assert counts["synthesize"] == counts["compile"] == counts["verify"] == 5
 
 
 def test_paper_config_plans_every_stage(tmp_path):
     out = snakemake("-n", "--configfile", "configs/paper.yaml", "--config", f"results={tmp_path}/paper")
     counts = job_counts(out.stdout)
-    assert counts["synthesize"] == 64 and counts["verify"] == 64
+    assert counts["synthesize"] == counts["compile"] == counts["verify"] == 64
     assert counts["train"] == 5 and counts["eval_generate"] == 6
 
 
@@ -67,3 +67,4 @@ def test_graphs_render_to_svg(graph, tmp_path):
     svg = subprocess.run(["dot", "-Tsvg"], input=dot, capture_output=True, text=True, check=True).stdout
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
     assert "curate" in svg and "verify" in svg
+
