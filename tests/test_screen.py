@@ -199,3 +199,16 @@ def test_processes_streams_and_patches_are_flagged(extra, body, rule):
 
 def test_own_attributes_are_not_monkeypatching():
     assert rules(program("self.scale = 2.0\nreturn ext.fused(x, y)")) == []
+
+
+def test_forward_inherited_from_a_copy_of_the_reference_is_checked():
+    source = HEADER + textwrap.dedent("""
+    class ScaledSoftmax(nn.Module):
+        def forward(self, x, y):
+            return torch.softmax(x * y, dim=-1)
+
+    class ModelNew(ScaledSoftmax):
+        def __init__(self):
+            super().__init__()
+    """)
+    assert "kernel_unused" in rules(source)

@@ -239,14 +239,31 @@ def kernel_findings(tree: ast.Module, aliases: dict[str, str]) -> list[Finding]:
     if not load_calls:
         return [Finding("no_custom_kernel", 1, "no load_inline/load call")]
     model_new = find_class(tree, "ModelNew")
-    forward = next((f for f in (model_new.body if model_new else []) if getattr(f, "name", "") == "forward"), None)
+    owner, forward = inherited_forward(tree, model_new) if model_new else (None, None)
     if forward is None:
         return []
     analysis = KernelFlow(tree, aliases)
-    _, returns_kernel = analysis.function_flow(forward, "ModelNew")
+    _, returns_kernel = analysis.function_flow(forward, owner.name)
     if returns_kernel:
         return []
     return [Finding("kernel_unused", forward.lineno, "ModelNew.forward's result does not depend on the extension")]
+
+
+def inherited_forward(tree: ast.Module, cls: ast.ClassDef) -> tuple[ast.ClassDef | None, ast.FunctionDef | None]:
+    """The class and the `forward` that ModelNew runs: its own, or one it inherits from a class of the program
+    (a copy of the reference's module under another name must not pass for a kernel)."""
+    classes = {c.name: c for c in tree.body if isinstance(c, ast.ClassDef)}
+    todo, seen = [cls], set()
+    while todo:
+        current = todo.pop(0)
+        if current.name in seen:
+            continue
+        seen.add(current.name)
+        forward = next((f for f in current.body if getattr(f, "name", "") == "forward"), None)
+        if forward is not None:
+            return current, forward
+        todo += [classes[dotted(b)] for b in current.bases if dotted(b) in classes]
+    return None, None
 
 
 class KernelFlow:
