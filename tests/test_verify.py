@@ -15,6 +15,7 @@ import pytest
 from concur import contracts
 from concur.verify import ChildOutcome, build_cache_key, decide_verdict, normalize_settings, read_facts
 from concur.verify import verify_frame, verify_one
+from verify_frames import candidates_frame, tasks_frame
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verify"
 REFERENCE = (FIXTURES / "task_relu_add.py").read_text()
@@ -25,23 +26,9 @@ def solution(name: str) -> str:
 
 
 def frames(rows: list[tuple[str, str, str]]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Candidates (candidate_id, task_id, code) and the two fixture tasks, following their contracts."""
-    candidates = pd.DataFrame(
-        [
-            {"candidate_id": cid, "task_id": tid, "sample_idx": i, "generator": "test", "backend": "replay",
-             "prompt": "", "response": "", "reasoning": "", "answer": "", "code": code, "reasoning_tokens": 0,
-             "completion_tokens": 0, "finish_reason": "replay", "seed": 0}
-            for i, (cid, tid, code) in enumerate(rows)
-        ]
-    )  # fmt: skip
-    tasks = pd.DataFrame(
-        [
-            {"task_id": tid, "split": "train", "suite": "test", "level": 1, "name": tid, "code": code,
-             "category": "fused", "n_ops": 2, "origin": "fixture"}
-            for tid, code in [("relu_add", REFERENCE), ("broken", (FIXTURES / "task_broken_reference.py").read_text())]
-        ]
-    )  # fmt: skip
-    return contracts.conform(candidates, contracts.CANDIDATES), contracts.conform(tasks, contracts.TASKS)
+    """Candidates (candidate_id, task_id, code) and the two fixture tasks."""
+    broken = (FIXTURES / "task_broken_reference.py").read_text()
+    return candidates_frame(rows), tasks_frame([("relu_add", REFERENCE), ("broken", broken)])
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-from concur import contracts
 from concur.verify import compile_frame, verify_frame
 from verify_cuda_solutions import solution
+from verify_frames import candidates_frame, tasks_frame
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -29,22 +29,8 @@ SETTINGS = {"device": "cuda", "timeout_s": 600, "workers": 3, "correctness_trial
 
 
 def frames() -> tuple[pd.DataFrame, pd.DataFrame]:
-    candidates = pd.DataFrame(
-        [
-            {"candidate_id": variant, "task_id": task, "sample_idx": 0, "generator": "test", "backend": "replay",
-             "prompt": "", "response": "", "reasoning": "", "answer": "", "code": solution(variant),
-             "reasoning_tokens": 0, "completion_tokens": 0, "finish_reason": "replay", "seed": 0}
-            for variant, task in CANDIDATES
-        ]
-    )  # fmt: skip
-    tasks = pd.DataFrame(
-        [
-            {"task_id": tid, "split": "eval", "suite": "test", "level": 1, "name": tid, "category": "fused",
-             "n_ops": 3, "origin": "fixture", "code": (TASK_DIR / path).read_text()}
-            for tid, path in TASKS.items()
-        ]
-    )  # fmt: skip
-    return contracts.conform(candidates, contracts.CANDIDATES), contracts.conform(tasks, contracts.TASKS)
+    candidates = candidates_frame([(variant, task, solution(variant)) for variant, task in CANDIDATES])
+    return candidates, tasks_frame([(t, (TASK_DIR / p).read_text()) for t, p in TASKS.items()])
 
 
 @pytest.fixture(scope="module")

@@ -12,28 +12,16 @@ import torch
 
 from concur import contracts, verify_child
 from concur.verify import compile_frame, verify_frame
+from verify_frames import candidates_frame, tasks_frame
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verify"
 TASKS = {"relu_add": "task_relu_add.py", "relu_rand": "task_relu_rand.py"}
 
 
 def frames(rows: list[tuple[str, str, str]]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    candidates = pd.DataFrame(
-        [
-            {"candidate_id": cid, "task_id": tid, "sample_idx": i, "generator": "test", "backend": "replay",
-             "prompt": "", "response": "", "reasoning": "", "answer": "", "seed": 0, "reasoning_tokens": 0,
-             "completion_tokens": 0, "finish_reason": "replay", "code": (FIXTURES / f"solution_{name}.py").read_text()}
-            for i, (cid, tid, name) in enumerate(rows)
-        ]
-    )  # fmt: skip
-    tasks = pd.DataFrame(
-        [
-            {"task_id": tid, "split": "train", "suite": "test", "level": 1, "name": tid, "category": "single_op",
-             "n_ops": 1, "origin": "fixture", "code": (FIXTURES / path).read_text()}
-            for tid, path in TASKS.items()
-        ]
-    )  # fmt: skip
-    return contracts.conform(candidates, contracts.CANDIDATES), contracts.conform(tasks, contracts.TASKS)
+    """Candidates (candidate_id, task_id, fixture name) and the fixture tasks."""
+    codes = [(cid, tid, (FIXTURES / f"solution_{name}.py").read_text()) for cid, tid, name in rows]
+    return candidates_frame(codes), tasks_frame([(t, (FIXTURES / p).read_text()) for t, p in TASKS.items()])
 
 
 SETTINGS = {"device": "cpu", "timeout_s": 300, "workers": 2, "correctness_trials": 3, "signed_trials": 2,
