@@ -9,7 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+import os
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Protocol
 
@@ -36,6 +43,7 @@ class Generation:
     finish_reason: str
     seed: int
     reasoning: str | None = None  # a backend's separate reasoning field, when it has one
+    completion_tokens: int | None = None  # the server's count, used when no tokenizer is configured
 
 
 class Backend(Protocol):
@@ -102,6 +110,7 @@ class TransformersBackend:
     """Batched sampling with a Hugging Face model and its chat template (optionally with a peft adapter)."""
 
     name = "transformers"
+    done: set = frozenset()
 
     def __init__(self, model_spec: dict, settings: dict, adapter: str | Path | None = None, device: str | None = None):
         import torch
@@ -128,6 +137,9 @@ class TransformersBackend:
             for sample_idx in range(samples):
                 seed = self.settings["seed"] + sample_idx
                 for batch in batches:
+                    if all((r.task_id, sample_idx) in self.done for r in batch):
+                        bar.update()
+                        continue
                     yield from self._sample(batch, sample_idx, seed)
                     bar.update()
 
@@ -157,9 +169,91 @@ class TransformersBackend:
             yield Generation(req.task_id, sample_idx, text, "stop" if ended else "length", seed)
 
 
+RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+class OpenAIBackend:
+    """Any OpenAI-compatible chat-completions endpoint; one request per sample, at most `max_concurrency` in flight."""
+
+    name = "openai"
+    done: set = frozenset()
+
+    def __init__(self, generator: dict, settings: dict):
+        env = generator.get("api_key_env")
+        self.api_key = None
+        if env:
+            self.api_key = os.environ.get(env)
+            if not self.api_key:
+                raise RuntimeError(f"openai generator: environment variable {env} (api_key_env) is not set")
+        self.url = generator["base_url"].rstrip("/") + "/chat/completions"
+        self.model = generator["model"]
+        self.concurrency = int(generator.get("max_concurrency", 8))
+        self.retries = int(generator.get("max_retries", 6))
+        self.timeout = float(generator.get("request_timeout_s", 600))
+        self.backoff = float(generator.get("backoff_s", 1.0))
+        self.settings = settings
+
+    def generate(self, requests: list[Request], samples: int) -> Iterator[Generation]:
+        jobs = [(r, i) for i in range(samples) for r in requests if (r.task_id, i) not in self.done]
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            futures = [pool.submit(self._one, r, i) for r, i in jobs]
+            try:
+                for fut in as_completed(futures):
+                    yield fut.result()
+            finally:
+                for fut in futures:
+                    fut.cancel()
+
+    def _one(self, req: Request, sample_idx: int) -> Generation:
+        seed = self.settings["seed"] + sample_idx
+        body = {"model": self.model, "messages": [{"role": "user", "content": req.prompt}],
+                "temperature": self.settings["temperature"], "top_p": self.settings["top_p"],
+                "max_tokens": self.settings["max_new_tokens"], "seed": seed, "n": 1}
+        data = self._post(body, f"{req.task_id} sample {sample_idx}")
+        choice = data["choices"][0]
+        msg = choice.get("message") or {}
+        reasoning = msg.get("reasoning_content") or msg.get("reasoning") or None
+        usage = data.get("usage") or {}
+        return Generation(req.task_id, sample_idx, msg.get("content") or "", choice.get("finish_reason") or "unknown",
+                          seed, reasoning, usage.get("completion_tokens"))
+
+    def _post(self, body: dict, what: str) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        payload = json.dumps(body).encode()
+        for attempt in range(self.retries + 1):
+            wait = None
+            try:
+                req = urllib.request.Request(self.url, data=payload, headers=headers, method="POST")
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    return json.loads(resp.read().decode("utf-8"))
+            except urllib.error.HTTPError as err:
+                if err.code not in RETRY_STATUS:
+                    detail = err.read().decode("utf-8", "replace")[:200].replace("\n", " ")
+                    raise RuntimeError(f"{self.url}: HTTP {err.code} for {what}: {detail}") from None
+                problem = f"HTTP {err.code}"
+                after = err.headers.get("Retry-After") if err.headers else None
+                try:
+                    wait = float(after) if after is not None else None
+                except ValueError:
+                    wait = None
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
+                problem = type(err).__name__
+            if attempt == self.retries:
+                raise RuntimeError(f"{self.url}: {what} failed after {self.retries + 1} attempts ({problem})")
+            if wait is None:
+                wait = self.backoff * 2 ** attempt * (0.5 + random.random())
+            log.warning("%s: %s, retry %d in %.1fs", what, problem, attempt + 1, wait)
+            time.sleep(wait)
+        raise AssertionError("unreachable")
+
+
 def make_backend(generator: dict, model_specs: dict, settings: dict, adapter: str | Path | None = None) -> Backend:
     if generator["backend"] == "replay":
         return ReplayBackend(generator["path"])
+    if generator["backend"] == "openai":
+        return OpenAIBackend(generator, settings)
     if generator["backend"] == "transformers":
         return TransformersBackend(model_specs[generator["model"]], settings, adapter or generator.get("adapter"))
     raise ValueError(f"unknown generator backend {generator['backend']!r}")
@@ -183,8 +277,9 @@ def to_candidates(generations: Iterable[Generation], prompts: dict[str, str], ge
             "reasoning": parts.reasoning,
             "answer": parts.answer,
             "code": parts.code,
-            "reasoning_tokens": _count(tokenizer, parts.reasoning),
-            "completion_tokens": _count(tokenizer, full),
+            "reasoning_tokens": _count(tokenizer, parts.reasoning) if tokenizer is not None else 0,
+            "completion_tokens": (_count(tokenizer, full) if tokenizer is not None
+                                  else int(gen.completion_tokens or 0)),
             "finish_reason": gen.finish_reason,
             "seed": gen.seed,
         })
@@ -200,18 +295,65 @@ def _count(tokenizer, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
 
 
+def checkpoint_path(out_path: str | Path) -> Path:
+    return Path(f"{out_path}.partial.jsonl")
+
+
+def read_checkpoint(path: Path) -> dict[tuple[str, int], Generation]:
+    """Generations a previous run of this job finished; a truncated last line is ignored."""
+    done: dict[tuple[str, int], Generation] = {}
+    if not path.is_file():
+        return done
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            gen = Generation(**json.loads(line))
+        except (json.JSONDecodeError, TypeError):
+            continue
+        done[(gen.task_id, gen.sample_idx)] = gen
+    return done
+
+
+def _generate_resumable(backend, requests: list[Request], samples: int, checkpoint: Path | None) -> list[Generation]:
+    if checkpoint is None:
+        return list(backend.generate(requests, samples))
+    done = read_checkpoint(checkpoint)
+    if done:
+        log.info("resuming from %s: %d samples already answered", checkpoint, len(done))
+    backend.done = set(done)
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    with open(checkpoint, "a", encoding="utf-8") as fh:
+        if fh.tell() and checkpoint.read_bytes()[-1:] != b"\n":
+            fh.write("\n")  # a line cut short by a killed job stays on its own line and is ignored
+        for gen in backend.generate(requests, samples):
+            key = (gen.task_id, gen.sample_idx)
+            if key in done:
+                continue
+            done[key] = gen
+            fh.write(json.dumps(asdict(gen)) + "\n")
+            fh.flush()
+    return list(done.values())
+
+
 def generate_candidates(tasks: pd.DataFrame, generator_name: str, generator: dict, model_specs: dict,
-                        settings: dict, language: str, samples: int, adapter: str | Path | None = None) -> pd.DataFrame:
-    """Prompts for `tasks`, generations from the generator, candidates out."""
+                        settings: dict, language: str, samples: int, adapter: str | Path | None = None,
+                        checkpoint: str | Path | None = None) -> pd.DataFrame:
+    """Prompts for `tasks`, generations from the generator, candidates out. With `checkpoint`, every finished
+    sample is appended to that JSONL and samples already in it are not generated again."""
     from .models import load_tokenizer
 
     prompts = {row.task_id: build_prompt(row.code, language) for row in tasks.itertuples()}
     requests = [Request(task_id, prompt) for task_id, prompt in prompts.items()]
     backend = make_backend(generator, model_specs, settings, adapter)
-    token_spec = model_specs[generator["tokenizer"] if generator["backend"] == "replay" else generator["model"]]
-    generations = list(backend.generate(requests, samples))
+    if generator["backend"] == "replay":
+        token_name = generator["tokenizer"]
+    elif generator["backend"] == "openai":
+        token_name = generator.get("tokenizer")
+    else:
+        token_name = generator["model"]
+    tokenizer = load_tokenizer(model_specs[token_name]) if token_name else None
+    generations = _generate_resumable(backend, requests, samples, Path(checkpoint) if checkpoint else None)
     log.info("%s: %d generations for %d tasks", generator_name, len(generations), len(requests))
-    return to_candidates(generations, prompts, generator_name, backend.name, load_tokenizer(token_spec))
+    return to_candidates(generations, prompts, generator_name, backend.name, tokenizer)
 
 
 def run(tasks_path: str, shard: int, n_shards: int, generator_name: str, config: dict, out_path: str) -> None:
@@ -222,5 +364,7 @@ def run(tasks_path: str, shard: int, n_shards: int, generator_name: str, config:
     settings = config["synthesize"]
     tasks = select_shard(pd.read_parquet(tasks_path), shard, n_shards)
     frame = generate_candidates(tasks, generator_name, config["generators"][generator_name], config["models"],
-                                settings, settings["language"], settings["samples_per_task"])
+                                settings, settings["language"], settings["samples_per_task"],
+                                checkpoint=checkpoint_path(out_path))
     write_parquet(frame, out_path)
+    checkpoint_path(out_path).unlink(missing_ok=True)
