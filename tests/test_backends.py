@@ -154,3 +154,65 @@ def test_resume_from_checkpoint(server, tmp_path):
     assert len(server.requests) == 6 - len(done)
     assert len(frame) == 6 and set(frame["task_id"]) == {"t/a", "t/b", "t/c"}
     assert (frame["completion_tokens"] == 5).all() and (frame["reasoning_tokens"] == 0).all()
+
+
+class FakeVLLM:
+    """Stands in for the vllm module: records the engine's arguments and answers chat() in vLLM's shapes."""
+
+    def __init__(self):
+        self.calls = {}
+        fake = self
+
+        class LLM:
+            def __init__(self, **kwargs):
+                fake.calls["llm"] = kwargs
+
+            def chat(self, conversations, sampling_params, lora_request=None):
+                fake.calls["chat"] = (conversations, sampling_params, lora_request)
+                return [type("RequestOutput", (), {"outputs": [
+                    type("CompletionOutput", (), {"text": f"<think>r{i}</think>code {j}", "token_ids": [1] * (j + 2),
+                                                  "finish_reason": "length" if j else "stop"})()
+                    for j in range(sampling_params.n)]})() for i in range(len(conversations))]
+
+        class SamplingParams:
+            def __init__(self, **kwargs):
+                fake.calls["params"] = kwargs
+                self.__dict__.update(kwargs)
+
+        class LoRARequest:
+            def __init__(self, name, idx, path):
+                self.args = (name, idx, path)
+
+        self.LLM, self.SamplingParams, self.LoRARequest = LLM, SamplingParams, LoRARequest
+
+
+def test_vllm_backend_with_fake_module(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    fake = FakeVLLM()
+    module = types.ModuleType("vllm")
+    module.LLM, module.SamplingParams = fake.LLM, fake.SamplingParams
+    lora = types.ModuleType("vllm.lora")
+    lora_request = types.ModuleType("vllm.lora.request")
+    lora_request.LoRARequest = fake.LoRARequest
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.lora", lora)
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", lora_request)
+
+    tasks = pd.DataFrame({"task_id": ["t/a", "t/b"], "code": [TASK, TASK + "# b\n"]})
+    specs = {"m": {"path": "org/model", "dtype": "bfloat16"}}
+    generator = {"backend": "vllm", "model": "m", "max_model_len": 4096}
+    settings = {**SETTINGS, "gpus": 2}
+    frame = generate_candidates(tasks, "g", generator, specs, settings, "cuda", 3, adapter=tmp_path / "adapter",
+                                checkpoint=tmp_path / "ck.jsonl")
+    llm = fake.calls["llm"]
+    assert llm["model"] == "org/model" and llm["tensor_parallel_size"] == 2 and llm["dtype"] == "bfloat16"
+    assert llm["enable_lora"] is True and llm["max_model_len"] == 4096 and llm["seed"] == 7
+    assert fake.calls["params"] == {"n": 3, "temperature": 0.5, "top_p": 0.9, "max_tokens": 32, "seed": 7}
+    conversations, _, lora_req = fake.calls["chat"]
+    assert conversations[0][0]["role"] == "user" and len(conversations) == 2
+    assert lora_req.args == ("adapter", 1, str(tmp_path / "adapter"))
+    assert len(frame) == 6 and set(frame["backend"]) == {"vllm"}
+    assert list(frame["reasoning"].iloc[:1]) == ["r0"]
+    assert list(frame["completion_tokens"].iloc[:3]) == [2, 3, 4]

@@ -169,6 +169,54 @@ class TransformersBackend:
             yield Generation(req.task_id, sample_idx, text, "stop" if ended else "length", seed)
 
 
+class VLLMBackend:
+    """Offline batched sampling with vLLM (imported lazily; optionally with a LoRA adapter)."""
+
+    name = "vllm"
+    done: set = frozenset()
+
+    def __init__(self, generator: dict, model_spec: dict, settings: dict, adapter: str | Path | None = None):
+        import vllm
+
+        self.vllm = vllm
+        self.settings = settings
+        self.adapter = str(adapter) if adapter else None
+        tp = generator.get("tensor_parallel_size") or max(1, int(settings.get("gpus") or 1))
+        kwargs = {"model": model_spec["path"], "tensor_parallel_size": tp, "dtype": model_spec.get("dtype", "auto"),
+                  "seed": settings["seed"], "enable_lora": self.adapter is not None,
+                  "gpu_memory_utilization": generator.get("gpu_memory_utilization", 0.9)}
+        for key in ("max_model_len",):
+            if generator.get(key):
+                kwargs[key] = generator[key]
+        if model_spec.get("tokenizer"):
+            kwargs["tokenizer"] = model_spec["tokenizer"]
+        if model_spec.get("revision"):
+            kwargs["revision"] = model_spec["revision"]
+        if self.adapter and generator.get("max_lora_rank"):
+            kwargs["max_lora_rank"] = generator["max_lora_rank"]
+        self.llm = vllm.LLM(**kwargs)
+
+    def generate(self, requests: list[Request], samples: int) -> Iterator[Generation]:
+        todo = [r for r in requests if any((r.task_id, i) not in self.done for i in range(samples))]
+        if not todo:
+            return
+        seed = self.settings["seed"]
+        params = self.vllm.SamplingParams(n=samples, temperature=self.settings["temperature"],
+                                          top_p=self.settings["top_p"], max_tokens=self.settings["max_new_tokens"],
+                                          seed=seed)
+        lora = None
+        if self.adapter:
+            from vllm.lora.request import LoRARequest
+
+            lora = LoRARequest("adapter", 1, self.adapter)
+        conversations = [[{"role": "user", "content": r.prompt}] for r in todo]
+        outputs = self.llm.chat(conversations, params, lora_request=lora)
+        for req, out in zip(todo, outputs):
+            for idx, comp in enumerate(out.outputs):
+                yield Generation(req.task_id, idx, comp.text, comp.finish_reason or "unknown", seed, None,
+                                 len(comp.token_ids))
+
+
 RETRY_STATUS = {429, 500, 502, 503, 504}
 
 
@@ -254,6 +302,8 @@ def make_backend(generator: dict, model_specs: dict, settings: dict, adapter: st
         return ReplayBackend(generator["path"])
     if generator["backend"] == "openai":
         return OpenAIBackend(generator, settings)
+    if generator["backend"] == "vllm":
+        return VLLMBackend(generator, model_specs[generator["model"]], settings, adapter or generator.get("adapter"))
     if generator["backend"] == "transformers":
         return TransformersBackend(model_specs[generator["model"]], settings, adapter or generator.get("adapter"))
     raise ValueError(f"unknown generator backend {generator['backend']!r}")
@@ -346,7 +396,7 @@ def generate_candidates(tasks: pd.DataFrame, generator_name: str, generator: dic
     backend = make_backend(generator, model_specs, settings, adapter)
     if generator["backend"] == "replay":
         token_name = generator["tokenizer"]
-    elif generator["backend"] == "openai":
+    elif generator["backend"] in ("openai", "vllm"):
         token_name = generator.get("tokenizer")
     else:
         token_name = generator["model"]
