@@ -90,9 +90,11 @@ def gen_config(server, **extra):
 
 
 def test_retry_after_429_and_5xx(server):
-    server.script = [(429, {"Retry-After": "0.05"}), 500, 500]
+    server.script = [(429, {"Retry-After": "0.3"}), 500, 500]
     backend = OpenAIBackend(gen_config(server, max_concurrency=1), SETTINGS)
+    start = time.monotonic()
     gens = list(backend.generate([Request("t/a", "p")], samples=1))
+    assert time.monotonic() - start >= 0.3  # the Retry-After wait, not the 0.01 s backoff
     assert len(server.requests) == 4
     assert gens[0].response == "answer seed 7" and gens[0].finish_reason == "stop"
     assert gens[0].completion_tokens == 5
@@ -216,3 +218,21 @@ def test_vllm_backend_with_fake_module(monkeypatch, tmp_path):
     assert len(frame) == 6 and set(frame["backend"]) == {"vllm"}
     assert list(frame["reasoning"].iloc[:1]) == ["r0"]
     assert list(frame["completion_tokens"].iloc[:3]) == [2, 3, 4]
+
+
+def test_run_writes_parquet_and_removes_checkpoint(server, tmp_path):
+    from concur.synthesize import run
+
+    tasks_path = tmp_path / "train.parquet"
+    pd.DataFrame({"task_id": ["t/a", "t/b"], "code": [TASK, TASK + "# b\n"]}).to_parquet(tasks_path)
+    out = tmp_path / "candidates" / "shard-0.parquet"
+    out.parent.mkdir()
+    checkpoint_path(out).write_text(json.dumps({"task_id": "t/a", "sample_idx": 0, "response": "old",
+                                                "finish_reason": "stop", "seed": 7}) + "\n" + '{"task_id"')
+    config = {"synthesize": {**SETTINGS, "language": "cuda", "samples_per_task": 2},
+              "generators": {"g": gen_config(server)}, "models": {}}
+    run(str(tasks_path), 0, 1, "g", config, str(out))
+    frame = pd.read_parquet(out)
+    assert len(frame) == 4 and len(server.requests) == 3
+    assert frame.set_index(["task_id", "sample_idx"]).loc[("t/a", 0), "response"] == "old"
+    assert not checkpoint_path(out).exists()
