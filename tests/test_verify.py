@@ -220,3 +220,11 @@ def test_cache_key_depends_on_code_env_and_device(monkeypatch):
     )
     monkeypatch.setenv("CXXFLAGS", "-O1")
     assert key != build_cache_key("code", cpu)
+
+
+def test_a_relative_workdir_works(settings, tmp_path, monkeypatch):
+    """The workflow's default results folder is relative; children work inside their own job folders."""
+    monkeypatch.chdir(tmp_path)
+    relative = {**settings, "build_cache": "cache"}
+    verdict = verify_one(REFERENCE, solution("torch_only"), relative, Path("work"))
+    assert verdict["status"] == "correct", verdict["reason"]

@@ -578,6 +578,8 @@ def run_child(job_dir: Path, phase: str, settings: dict, timeout_s: float, build
               gpu: str | None = None) -> ChildOutcome:  # fmt: skip
     """Run one job in a forked child of its own session under a watchdog; kill its whole process group on timeout
     or over a limit."""
+    job_dir = job_dir.resolve()  # the child works in its own folder: relative paths would point elsewhere
+    build_dir = build_dir.resolve() if build_dir is not None else None
     nonce = secrets.token_hex(16)
     result_path = job_dir / "result.json"
     result_path.unlink(missing_ok=True)
