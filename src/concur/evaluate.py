@@ -130,14 +130,14 @@ def scores_markdown(scores: pd.DataFrame) -> str:
 
 def run_generation(tasks_path, adapter_dir, model_name: str, generator_name: str, generator: dict, model_specs: dict,
                    settings: dict, language: str, out_path) -> None:
-    """Eval generation for one model: the base generator, or the base generator with a trained adapter."""
-    from concur.io import write_parquet
-    from concur.synthesize import generate_candidates
+    """Eval generation for one model: the base generator, or the base generator with a trained adapter.
+    Resumable like synthesis: a checkpoint next to `out_path` (see concur.synthesize)."""
+    from concur.synthesize import checkpoint_path, generate_candidates, write_candidates
 
     label = generator_name if model_name == "base" else f"{generator_name}+{model_name}"
     frame = generate_candidates(pd.read_parquet(tasks_path), label, generator, model_specs, settings, language,
-                                settings["samples"], adapter=adapter_dir)
-    write_parquet(frame, out_path)
+                                settings["samples"], adapter=adapter_dir, checkpoint=checkpoint_path(out_path))
+    write_candidates(frame, out_path)
 
 
 def run_scoring(verified_paths: dict, tasks_path, settings: dict, csv_path, markdown_path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,17 @@ def ensure_pad_token(tokenizer, source: str = "tokenizer"):
             raise ValueError(f"tokenizer from {source!r} has neither a pad nor an eos token")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def lora_rank(adapter_dir: str | Path) -> int:
+    """The rank `r` of a peft adapter, from its adapter_config.json."""
+    path = Path(adapter_dir) / "adapter_config.json"
+    try:
+        rank = json.loads(path.read_text(encoding="utf-8"))["r"]
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: adapter config not found") from None
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"{path}: not a peft adapter config with an integer `r`") from None
+    if not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"{path}: `r` is {rank!r}, not a positive integer")
+    return rank
