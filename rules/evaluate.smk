@@ -1,5 +1,13 @@
+# An openai base generator's API key variable must be set before the run starts; cluster jobs receive it.
+if config["generators"][config["evaluate"]["base_generator"]].get("api_key_env"):
+
+    envvars:
+        config["generators"][config["evaluate"]["base_generator"]]["api_key_env"],
+
+
 rule eval_generate:
-    """The base model, or the base model plus an adapter, answers every eval task `samples` times."""
+    """The base model, or the base model plus an adapter, answers every eval task `samples` times (resumable like
+    synthesize, from `<output>.partial.jsonl`)."""
     input:
         tasks=results("tasks", "eval.parquet"),
         adapter=eval_adapter_dir,

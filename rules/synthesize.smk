@@ -1,5 +1,13 @@
+# An openai teacher's API key variable must be set before the run starts; cluster jobs receive it.
+if config["generators"][TEACHER].get("api_key_env"):
+
+    envvars:
+        config["generators"][TEACHER]["api_key_env"],
+
+
 rule synthesize:
-    """A generator writes samples_per_task candidates for every training task of one shard."""
+    """A generator writes samples_per_task candidates for every training task of one shard. Resumable: finished
+    samples go to `<output>.partial.jsonl` (not an output, so it survives a failed job) and a rerun skips them."""
     input:
         tasks=results("tasks", "train.parquet"),
         generations=replay_file,

@@ -75,7 +75,7 @@ class Server:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
     def completion(self, body):
@@ -438,3 +438,14 @@ def test_transformers_skips_checkpointed_samples_and_resumes(tmp_path):
     assert calls == [(["t/0", "t/1"], 1, 8), (["t/2"], 1, 8)]
     assert sorted((g.task_id, g.sample_idx, g.seed) for g in gens) == [
         (f"t/{i}", j, 7 + j) for i in range(3) for j in range(2)]
+
+
+def test_generator_naming_an_unknown_model_is_one_clear_error(fake_vllm):
+    with pytest.raises(ValueError, match=r"vllm generator: model 'nope' is not a `models` entry \(entries: m\)"):
+        generate_candidates(shard_tasks("a"), "g", {"backend": "vllm", "model": "nope"}, {"m": {"path": "x"}},
+                            SETTINGS, "cuda", 1)
+
+
+def test_openai_generator_refuses_an_adapter(server, tmp_path):
+    with pytest.raises(ValueError, match="openai generators cannot apply an adapter"):
+        generate_candidates(shard_tasks("a"), "g", gen_config(server), {}, SETTINGS, "cuda", 1, adapter=tmp_path)

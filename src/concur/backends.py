@@ -392,7 +392,16 @@ def make_backend(generator: dict, model_specs: dict, settings: dict, adapter: st
                              "name it as the generator's model")
         return OpenAIBackend(generator, settings)
     if kind == "vllm":
-        return VLLMBackend(generator, model_specs[generator["model"]], settings, adapter or generator.get("adapter"))
+        return VLLMBackend(generator, model_spec(generator, model_specs), settings,
+                           adapter or generator.get("adapter"))
     if kind == "transformers":
-        return TransformersBackend(model_specs[generator["model"]], settings, adapter or generator.get("adapter"))
+        return TransformersBackend(model_spec(generator, model_specs), settings, adapter or generator.get("adapter"))
     raise ValueError(f"unknown generator backend {kind!r}")
+
+
+def model_spec(generator: dict, model_specs: dict) -> dict:
+    name = generator.get("model")
+    if name not in model_specs:
+        raise ValueError(f"{generator['backend']} generator: model {name!r} is not a `models` entry "
+                         f"(entries: {', '.join(sorted(model_specs)) or 'none'})")
+    return model_specs[name]
