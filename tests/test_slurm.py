@@ -1,0 +1,168 @@
+"""`snakemake --profile slurm` on a real one-node SLURM cluster (Debian's slurmctld/slurmd, two fake GPUs).
+
+The cluster is set up by tests/slurm/setup_cluster.sh (it installs SLURM with apt when missing, as root). The demo
+is run up to the curated dataset once locally and once through SLURM; SLURM's own job records must show the GPU
+rules submitted with a GPU to the `gpu` partition and the CPU rules without one, and both runs must agree.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUP = ROOT / "tests" / "slurm" / "setup_cluster.sh"
+SKIP_EXIT = 77
+TARGET = "dataset/concur.parquet"
+GPU_RULES = {"synthesize", "verify"}
+CPU_RULES = {"tasks", "compile", "curate"}
+DAEMON_PIDS = ["slurmd.pid", "slurmctld.pid", "munge/munged.pid"]  # stopped in this order
+
+
+def stop(pid_file: Path, grace_s: float = 10) -> None:
+    """SIGTERM the daemon named in pid_file, SIGKILL it if it is still there after grace_s."""
+    if not pid_file.is_file():
+        return
+    pid = int(pid_file.read_text().split()[0])
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """SLURM_CONF of a running one-node cluster; its daemons are stopped afterwards by their PIDs."""
+    if sys.platform != "linux":
+        pytest.skip("the SLURM test cluster needs Linux")
+    state = tmp_path_factory.mktemp("slurm") / "concur-slurm-state"
+    try:
+        proc = subprocess.run(["bash", str(SETUP), str(state.parent)], capture_output=True, text=True, timeout=900)
+        if proc.returncode == SKIP_EXIT:
+            pytest.skip(f"no SLURM test cluster: {proc.stderr.strip()}")
+        assert proc.returncode == 0, f"setup_cluster.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        yield state / "slurm.conf"
+    finally:
+        for name in DAEMON_PIDS:
+            stop(state / name)
+        links = state / "links"
+        for link in links.read_text().split() if links.is_file() else []:
+            Path(link).unlink(missing_ok=True)
+
+
+def snakemake(args: list[str], env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def config_files(tmp: Path, results: Path) -> list[str]:
+    """The GPU overlay plus this run's results folder and a build cache shared by both runs."""
+    paths = tmp / f"{results.name}.yaml"
+    paths.write_text(yaml.safe_dump({"results": str(results), "verify": {"build_cache": str(tmp / "build-cache")}}))
+    return ["--configfile", "tests/slurm/gpus.yaml", str(paths)]
+
+
+def rule_of(comment: str) -> str | None:
+    """The rule in the plugin's job comment: rule_<rule>[_wildcards_...], or rule_<group id>_<rules> for a group."""
+    name = re.sub(r"_wildcards_.*", "", comment.removeprefix("rule_"))
+    return next((rule for rule in GPU_RULES | CPU_RULES if name == rule or name.endswith(f"_{rule}")), name)
+
+
+def slurm_jobs(slurm_conf: Path) -> list[dict]:
+    """Every job slurmctld still holds (MinJobAge keeps finished ones): rule, partition, GPUs asked and given."""
+    env = {**os.environ, "SLURM_CONF": str(slurm_conf)}
+    out = subprocess.run(["scontrol", "-d", "-o", "show", "job"], capture_output=True, text=True, env=env,
+                         check=True, timeout=60).stdout
+    jobs = []
+    for line in out.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        jobs.append({
+            "rule": rule_of(fields.get("Comment", "")),
+            "state": fields["JobState"],
+            "partition": fields["Partition"],
+            "asked": fields.get("TresPerJob", ""),
+            "given": fields.get("JOB_GRES", "(null)"),
+        })
+    return jobs
+
+
+def shards(results: Path, kind: str) -> pd.DataFrame:
+    files = sorted((results / kind / "demo-teacher").glob("shard-*.parquet"))
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True).sort_values("candidate_id")
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, tmp_path_factory):
+    """The same partial demo run locally and through the SLURM profile; SLURM's job records of the latter."""
+    tmp = tmp_path_factory.mktemp("runs")
+    local, remote = tmp / "local", tmp / "slurm"
+    started = time.monotonic()
+    snakemake([str(local / TARGET), "--cores", "2", *config_files(tmp, local)])  # targets first: --configfile takes a list
+    local_s = time.monotonic() - started
+    env = {**os.environ, "SLURM_CONF": str(cluster)}
+    args = ["--profile", "slurm", "--profile", "tests/slurm/ci", "--slurm-logdir", str(tmp / "slurm-logs")]
+    started = time.monotonic()
+    snakemake([str(remote / TARGET), *args, *config_files(tmp, remote)], env=env)
+    print(f"local run {local_s:.0f} s, SLURM run {time.monotonic() - started:.0f} s")
+    return local, remote, slurm_jobs(cluster)
+
+
+def test_every_job_ran_on_slurm(runs):
+    jobs = runs[2]
+    assert {job["state"] for job in jobs} == {"COMPLETED"}
+    assert {job["rule"] for job in jobs} == GPU_RULES | CPU_RULES
+
+
+def test_gpu_rules_get_a_gpu_on_the_gpu_partition(runs):
+    for job in (job for job in runs[2] if job["rule"] in GPU_RULES):
+        assert job["partition"] == "gpu", job
+        assert job["asked"] == "gres:gpu:1" and job["given"] == "gpu:1", job
+
+
+def test_cpu_rules_get_no_gpu(runs):
+    for job in (job for job in runs[2] if job["rule"] in CPU_RULES):
+        assert job["partition"] == "cpu", job
+        assert job["asked"] == "" and job["given"] == "(null)", job
+
+
+def test_compile_shards_run_as_one_group_job(runs):
+    assert [job["rule"] for job in runs[2]].count("compile") == 1
+
+
+def test_artifacts_equal_the_local_run(runs):
+    local, remote, _ = runs
+    for split in ("train", "eval"):
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(local / "tasks" / f"{split}.parquet"), pd.read_parquet(remote / "tasks" / f"{split}.parquet")
+        )
+    pd.testing.assert_frame_equal(shards(local, "candidates"), shards(remote, "candidates"))
+    builds = ["candidate_id", "status", "cache_key"]
+    pd.testing.assert_frame_equal(shards(local, "builds")[builds], shards(remote, "builds")[builds])
+    verdicts = ["candidate_id", "status", "compiled", "correct"]  # timings, and so speedups, differ between runs
+    pd.testing.assert_frame_equal(shards(local, "verified")[verdicts], shards(remote, "verified")[verdicts])
+
+
+def test_curated_dataset_holds_correct_kernels_of_the_slurm_run(runs):
+    remote = runs[1]
+    dataset = pd.read_parquet(remote / TARGET)
+    correct = shards(remote, "verified").set_index("candidate_id")["correct"]
+    assert len(dataset) > 0 and correct.loc[dataset["candidate_id"]].all()
