@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 CORES ?= 2
 # A CPU build of torch; on a CUDA machine install your torch first and set TORCH_SPEC= (empty) to keep it.
 TORCH_SPEC ?= torch==2.13.0
-PYTEST_ARGS ?=
+# The SLURM test (marked slurm) installs and starts a one-node cluster: run it with `make test PYTEST_ARGS=`
+PYTEST_ARGS ?= -m "not slurm"
 
 .PHONY: setup demo test report dag clean
 
