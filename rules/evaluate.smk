@@ -25,10 +25,10 @@ rule eval_generate:
         benchmark_path("eval", "{model}", "generate")
     conda:
         "../envs/torch.yaml"
-    threads: 2
+    threads: max(2, 4 * gpus("evaluate"))
     resources:
         gpu=gpus("evaluate"),
-        mem_mb=8000,
+        mem_mb=8000 + 32000 * gpus("evaluate"),  # host memory to load a large model's weights, per GPU
         runtime=12 * 60,
     script:
         "../scripts/eval_generate.py"

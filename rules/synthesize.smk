@@ -24,10 +24,10 @@ rule synthesize:
         benchmark_path("synthesize", "{generator}", "shard-{shard}")
     conda:
         "../envs/torch.yaml"
-    threads: 2
+    threads: max(2, 4 * gpus("synthesize"))
     resources:
         gpu=gpus("synthesize"),
-        mem_mb=8000,
+        mem_mb=8000 + 32000 * gpus("synthesize"),  # host memory to load a large model's weights, per GPU
         runtime=24 * 60,
     script:
         "../scripts/synthesize.py"

@@ -13,10 +13,10 @@ rule train:
         benchmark_path("train", "{adapter}")
     conda:
         "../envs/torch.yaml"
-    threads: 2
+    threads: max(2, 4 * gpus("train"))
     resources:
         gpu=gpus("train"),
-        mem_mb=16000,
+        mem_mb=16000 + 32000 * gpus("train"),  # host memory to load a large model's weights, per GPU
         runtime=48 * 60,
     script:
         "../scripts/train.py"
