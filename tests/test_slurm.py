@@ -62,9 +62,9 @@ def cluster(tmp_path_factory):
     finally:
         for name in DAEMON_PIDS:
             stop(state / name)
-        links = state / "links"
-        for link in links.read_text().split() if links.is_file() else []:
-            Path(link).unlink(missing_ok=True)
+        created = state / "created"  # the config links in /etc/slurm, the fake GPU device files
+        for path in created.read_text().split() if created.is_file() else []:
+            Path(path).unlink(missing_ok=True)
 
 
 def snakemake(args: list[str], env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:

@@ -3,7 +3,7 @@
 #   setup_cluster.sh DIR   (the cluster's files go to DIR/concur-slurm-state)
 # Installs Debian's slurmctld, slurmd, slurm-client and munge when missing (root and apt needed), writes
 # slurm.conf (linked from /etc/slurm), starts the daemons and waits until the node is idle. The PIDs of what it
-# started are left in *.pid and the links it made in `links`, for the caller to stop and remove.
+# started are left in *.pid and the files it made outside DIR in `created`, for the caller to stop and remove.
 # Exit 77: this machine cannot host the cluster (the reason on stderr).
 set -euo pipefail
 
@@ -25,7 +25,7 @@ install_packages() {
 # gres/gpu needs device files: a count-only GRES leaves the node invalid
 fake_gpus() {
   for i in 0 1; do
-    [ -e /dev/nvidia$i ] || mknod /dev/nvidia$i c 195 $i
+    [ -e /dev/nvidia$i ] || { mknod /dev/nvidia$i c 195 $i && echo /dev/nvidia$i >>"$STATE/created"; }
   done
 }
 
@@ -103,7 +103,7 @@ link_default_config() {
   done
   for name in slurm.conf gres.conf; do
     ln -s "$STATE/$name" $etc/$name
-    echo $etc/$name >>"$STATE/links"
+    echo $etc/$name >>"$STATE/created"
   done
 }
 
