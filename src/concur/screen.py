@@ -119,20 +119,21 @@ def forbidden_modules(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
     return _unique(findings)
 
 
-def process_exits(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
+def calls_to(tree: ast.AST, aliases: dict[str, str], names: tuple[str, ...], rule: str) -> list[Finding]:
+    """A finding of `rule` for every call of one of `names` (resolved through the program's imports)."""
     return [
-        Finding("process_exit", n.lineno, f"calls {resolved(n.func, aliases)}")
+        Finding(rule, n.lineno, f"calls {resolved(n.func, aliases)}")
         for n in calls(tree)
-        if resolved(n.func, aliases) in EXIT_CALLS
+        if resolved(n.func, aliases) in names
     ]
+
+
+def process_exits(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
+    return calls_to(tree, aliases, EXIT_CALLS, "process_exit")
 
 
 def dynamic_code(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
-    return [
-        Finding("dynamic_code", n.lineno, f"calls {resolved(n.func, aliases)}")
-        for n in calls(tree)
-        if resolved(n.func, aliases) in DYNAMIC_CALLS
-    ]
+    return calls_to(tree, aliases, DYNAMIC_CALLS, "dynamic_code")
 
 
 def process_spawns(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
@@ -145,11 +146,7 @@ def process_spawns(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
 
 
 def side_streams(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
-    return [
-        Finding("side_stream", n.lineno, f"calls {resolved(n.func, aliases)}")
-        for n in calls(tree)
-        if resolved(n.func, aliases) in STREAM_CALLS
-    ]
+    return calls_to(tree, aliases, STREAM_CALLS, "side_stream")
 
 
 def monkeypatches(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
