@@ -14,10 +14,11 @@ PYTEST_ARGS ?= -m "not slurm"
 setup: $(BIN)/.concur-installed
 
 $(BIN)/.concur-installed: pyproject.toml
-	@command -v dot >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq graphviz; \
-	  elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo apt-get install -y -qq graphviz; \
-	  else echo "warning: graphviz (dot) not found; DAG pictures will not render" >&2; fi; }
+	# graphviz renders the DAG; clang++ builds the candidates' C++ ~2.5x faster than gcc (verify.host_compiler)
+	@command -v dot >/dev/null && command -v clang++ >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq graphviz clang; \
+	  elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo apt-get install -y -qq graphviz clang; \
+	  else echo "warning: graphviz (dot) or clang++ not found: no DAG pictures, slower C++ builds" >&2; fi; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first: anything that depends on torch would otherwise pull a multi-GB CUDA build
 	$(if $(TORCH_SPEC),$(BIN)/pip install -q "$(TORCH_SPEC)")

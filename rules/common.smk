@@ -73,7 +73,7 @@ def eval_adapter_dir(wildcards):
     return [] if wildcards.model == "base" else [results("adapters", wildcards.model)]
 
 
-COMPILE_KEYS = ["device", "mode", "cuda_arch", "timeout_s", "memory_limit_mb", "max_processes"]
+COMPILE_KEYS = ["device", "mode", "cuda_arch", "host_compiler", "timeout_s", "memory_limit_mb", "max_processes"]
 
 
 def verify_settings():

@@ -140,7 +140,8 @@ class TransformersBackend:
         if adapter:
             from peft import PeftModel
 
-            self.model = PeftModel.from_pretrained(self.model, str(adapter))
+            # folded into the base weights: sampling then costs what the base model costs
+            self.model = PeftModel.from_pretrained(self.model, str(adapter)).merge_and_unload()
         self.model.eval()
 
     def generate(self, requests: list[Request], samples: int,

@@ -18,6 +18,7 @@ import os
 import queue
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +57,7 @@ DEFAULT_SETTINGS = {
     "audit_speedup": 10.0,
     "memory_limit_mb": 16384,
     "max_processes": 64,
+    "host_compiler": "auto",  # C++ compiler of the extensions' host code: auto (clang++ when found), clang or gcc
 }
 PCH_TIMEOUT_S = 900
 POLL_S = 0.2
@@ -169,7 +171,20 @@ def normalize_settings(settings: dict, for_compile: bool = False) -> dict:
         raise ValueError("verify.workers must be >= 1 and verify.timeout_s > 0")
     if merged["device"] == "cuda":
         merged["cuda_arch"] = merged["cuda_arch"] or detected_cuda_arch()
+    merged["host_compiler"] = resolve_host_compiler(merged["host_compiler"])
     return merged
+
+
+def resolve_host_compiler(name: str) -> str:
+    """clang: clang++ through concur.pch_cxx (a shared template-instantiating PCH: builds ~2.5x faster than gcc).
+    auto picks it when clang++ is on PATH and CXX is not set; gcc: the system c++ (and torch's own PCH on CPU)."""
+    if name not in ("auto", "clang", "gcc"):
+        raise ValueError(f"verify.host_compiler must be auto, clang or gcc, got {name!r}")
+    if name == "auto":
+        return "clang" if shutil.which("clang++") and not os.environ.get("CXX") else "gcc"
+    if name == "clang" and not shutil.which("clang++"):
+        raise ValueError("verify.host_compiler is clang but clang++ is not on PATH")
+    return name
 
 
 def resolve_device(name: str, for_compile: bool = False) -> str:
@@ -208,6 +223,8 @@ def reference_programs(tasks: pd.DataFrame) -> dict[str, str]:
 def build_env(settings: dict) -> dict[str, str]:
     """The environment variables that change a build, as the children will see them."""
     env = {k: os.environ.get(k, "") for k in BUILD_ENV_KEYS}
+    if settings.get("host_compiler") == "clang":
+        env["CXX"] = f"concur.pch_cxx:{shutil.which('clang++')}"  # the key names the front and the compiler
     if settings["device"] == "cuda":
         env["TORCH_CUDA_ARCH_LIST"] = str(settings["cuda_arch"])
     return env
@@ -233,7 +250,7 @@ def run_builds(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -
             to_build.append(job)
     if to_build:
         cache_root = build_cache_root(settings, workdir)
-        if settings["device"] == "cpu" and any(needs_build(job, settings, cache_root) for job in to_build):
+        if uses_torch_pch(settings) and any(needs_build(job, settings, cache_root) for job in to_build):
             prepare_pch(settings, workdir)
         workers = int(settings["compile_workers"] or len(os.sched_getaffinity(0)))
         settings = {**settings, "workers": workers}  # each build's share of the cores (MAX_JOBS, threads)
@@ -254,7 +271,7 @@ def run_jobs(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -> 
             to_run.append(job)
     if to_run:
         cache_root = build_cache_root(settings, workdir)
-        if settings["device"] == "cpu" and any(needs_build(job, settings, cache_root) for job in to_run):
+        if uses_torch_pch(settings) and any(needs_build(job, settings, cache_root) for job in to_run):
             prepare_pch(settings, workdir)
         slots = gpu_slots(settings)
         workers = min(int(settings["workers"]), len(slots))
@@ -476,6 +493,11 @@ def needs_build(job: Job, settings: dict, cache_root: Path) -> bool:
     return not any((cache_root / build_cache_key(job.solution, settings)).glob("*/*.so"))
 
 
+def uses_torch_pch(settings: dict) -> bool:
+    """torch's own (gcc) precompiled header serves CPU builds with gcc; clang builds use concur.pch_cxx's."""
+    return settings["device"] == "cpu" and settings.get("host_compiler", "gcc") == "gcc"
+
+
 def prepare_pch(settings: dict, workdir: Path) -> None:
     """Build torch's shared precompiled header once, in a single child, before parallel builds could race on it."""
     import torch
@@ -494,16 +516,32 @@ def child_env(settings: dict, build_dir: Path | None, nonce: str, phase: str, gp
     env = dict(os.environ)
     threads = str(thread_count(settings))
     env.update({NONCE_ENV: nonce, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "MAX_JOBS": threads})
-    env.update({k: v for k, v in build_env(settings).items() if v})
+    env.update({k: v for k, v in build_env(settings).items() if v and k != "CXX"})
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if build_dir is not None:
         env["TORCH_EXTENSIONS_DIR"] = str(build_dir)
+        if settings.get("host_compiler") == "clang":  # build_dir is <cache root>/<key>: the PCHs are shared beside it
+            env.update(CXX=str(pch_front(build_dir.parent / "pch")), CONCUR_PCH_DIR=str(build_dir.parent / "pch"),
+                       CONCUR_REAL_CXX=shutil.which("clang++") or "clang++")
     if settings["device"] == "cpu" or phase in ("compile", "pch"):
         env["CUDA_VISIBLE_DEVICES"] = ""  # builds never touch a GPU: they may run on a node without one
     elif gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
         env[GPU_LOCK_ENV] = str(gpu_lock_path(gpu))
     return env
+
+
+def pch_front(pch_dir: Path) -> Path:
+    """An executable that runs concur.pch_cxx with this interpreter: torch's builds take CXX as one command."""
+    shim = pch_dir / "concur-c++"
+    text = f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).with_name("pch_cxx.py")}" "$@"\n'
+    if not shim.is_file() or shim.read_text() != text:
+        pch_dir.mkdir(parents=True, exist_ok=True)
+        partial = pch_dir / f".concur-c++.{os.getpid()}.{threading.get_ident()}"
+        partial.write_text(text)
+        partial.chmod(0o755)
+        os.replace(partial, shim)
+    return shim
 
 
 class ForkServer:

@@ -31,6 +31,7 @@ WARMUP_MIN_S = 0.2  # hardened: warm up at least this long, so the GPU's clocks 
 SEED = 42
 PCH_CFLAGS = ["-O3"]  # flags of the shared precompiled header; gcc ignores it for builds with incompatible flags
 LOCK_NAME = "extension.h.concur-lock"
+PCH_DIR_ENV = "CONCUR_PCH_DIR"  # set when builds go through concur.pch_cxx (clang and its shared PCH)
 
 if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)  # the package folder must not shadow top-level modules for the solution
@@ -164,8 +165,8 @@ class BuildRecorder:
     def wrap(self, original, inline: bool):
         def recorded(*args, **kwargs):
             self.calls += 1
-            if inline and self.device == "cpu" and not kwargs.get("cuda_sources"):
-                kwargs.setdefault("use_pch", True)
+            if inline and self.device == "cpu" and not kwargs.get("cuda_sources") and not os.environ.get(PCH_DIR_ENV):
+                kwargs.setdefault("use_pch", True)  # torch's gcc PCH; with clang, concur.pch_cxx brings its own
             try:
                 module = load_cached(args, kwargs) if inline else None
                 if module is None:
