@@ -1,5 +1,6 @@
 """The workflow itself: dry-run job counts, lint, DAG rendering, config errors, and rerun triggers."""
 
+import json
 import os
 import re
 import shutil
@@ -145,3 +146,52 @@ def test_graphs_render_to_svg(graph, tmp_path):
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
     assert "curate" in svg and "verify" in svg
 
+
+
+def test_scoring_and_analysis_rules_run_on_prepared_inputs(tmp_path):
+    """eval_score and analyze run through Snakemake (scripts, params, outputs) on tables written here in the
+    contracts' shapes: a synthetic synthesis run (benchmarks/curate_scale.py) and two models' eval verdicts."""
+    import importlib.util
+
+    import pandas as pd
+
+    from concur.io import write_parquet
+    from concur.tasks import shard_of
+
+    spec = importlib.util.spec_from_file_location("curate_scale", ROOT / "benchmarks" / "curate_scale.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res = tmp_path / "results"
+    candidates, verdicts, tasks = bench.synthetic_tables(60, 5)
+    candidates["generator"] = "demo-teacher"
+    for i in range(2):  # the default config's two shards of its teacher
+        keep = candidates["task_id"].map(lambda t: shard_of(t, 2) == i).to_numpy()
+        write_parquet(candidates[keep], res / "candidates" / "demo-teacher" / f"shard-{i}.parquet")
+        write_parquet(verdicts[keep], res / "verified" / "demo-teacher" / f"shard-{i}.parquet")
+    write_parquet(tasks, res / "tasks" / "train.parquet")
+    eval_candidates, eval_verdicts, eval_tasks = bench.synthetic_tables(8, 2, seed=5)
+    write_parquet(eval_tasks.assign(split="eval", level=[1, 1, 1, 2, 2, 2, 2, 3]), res / "tasks" / "eval.parquet")
+    for model, flip in (("base", False), ("concur", True)):
+        write_parquet(eval_candidates, res / "eval" / model / "candidates.parquet")
+        write_parquet(eval_verdicts.assign(correct=eval_verdicts["correct"] ^ flip), res / "eval" / model / "verified.parquet")
+
+    snakemake("-s", str(ROOT / "Snakefile"), "--configfile", str(ROOT / "config.yaml"), "--cores", "1",
+              "--config", f"results={res}", "--allowed-rules", "eval_score", "analyze", "--",
+              str(res / "eval" / "table.md"), str(res / "analysis" / "summary.json"), cwd=tmp_path)
+
+    table = pd.read_csv(res / "eval" / "table.csv")
+    assert list(table["model"]) == ["base", "concur"] and list(table["kind"]) == ["base", "adapter"]
+    assert [c for c in table.columns if c.startswith("L1_")] == ["L1_exec@1", "L1_exec@2", "L1_fast_1@1",
+                                                                 "L1_fast_1@2"]
+    scores = pd.read_csv(res / "eval" / "scores.csv", dtype={"group": str})
+    overall = scores[scores["scope"] == "overall"].set_index("model")
+    assert overall.loc["base", "exec"] == pytest.approx(eval_verdicts["correct"].mean())
+    assert overall.loc["concur", "exec"] == pytest.approx(1 - eval_verdicts["correct"].mean())
+    assert table.set_index("model").loc["base", "all_exec@1"] == pytest.approx(overall.loc["base", "pass@1"])
+    difficulty = pd.read_csv(res / "eval" / "difficulty.csv")
+    assert len(difficulty) == 8 and set(difficulty["model"]) == {"base"}
+    assert set(scores.loc[scores["scope"] == "difficulty", "group"]) == set(difficulty["difficulty"])
+    assert "## By difficulty" in (res / "eval" / "table.md").read_text()
+    summary = json.loads((res / "analysis" / "summary.json").read_text())
+    assert summary["n_candidates"] == 300 and summary["n_correct"] == int(verdicts["correct"].sum())
+    assert len(summary["eval_scores"]) == 2 and len(list((res / "figures").glob("*.png"))) == 8
