@@ -195,11 +195,13 @@ def _bin_bars(ax, bins: list[dict], label: str, unit: str):
                 ax.annotate(f"n={b['count']}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                             ha="center", va="bottom", fontsize=8)
     counts = ax.twinx()
-    (line,) = counts.plot(centres, [b["count"] for b in bins], color="grey", marker=".", linewidth=1,
+    (line,) = counts.plot(centres, [b["count"] for b in bins], color="grey", marker="." if len(bins) <= 40 else None,
+                          linewidth=1,
                           label=f"candidates per bin (right axis; {unit})")
     counts.set_ylabel("candidates per bin")
-    counts.set_ylim(0, max(1, max(b["count"] for b in bins)) * 1.25)
-    ax.set_ylim(0, 1.12)
+    counts.set_ylim(0, max(1, max(b["count"] for b in bins)) * 1.4)  # headroom for the legend
+    ax.set_ylim(0, 1.35)
+    ax.set_yticks(np.linspace(0, 1, 6))
     ax.set_ylabel("share correct")
     ax.legend(handles=[bars, line], loc="upper right", fontsize=8)
     return bars, line
