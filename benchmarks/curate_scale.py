@@ -74,20 +74,22 @@ def synthetic_tables(n_tasks: int = PAPER_TASKS, per_task: int = 5, seed: int = 
     filler = "x" * max(0, text_chars - 24)
     reasoning = [f"think {cid} {filler}" for cid in candidate_ids]
     candidates = pd.DataFrame({
-        "candidate_id": candidate_ids, "task_id": task_ids[task_of], "sample_idx": np.tile(np.arange(per_task), n_tasks),
-        "generator": "synthetic-teacher", "backend": "replay", "prompt": [f"prompt {t} {filler}" for t in task_ids[task_of]],
-        "response": reasoning, "reasoning": reasoning, "answer": [f"answer {cid} {filler}" for cid in candidate_ids],
+        "candidate_id": candidate_ids, "task_id": task_ids[task_of],
+        "sample_idx": np.tile(np.arange(per_task), n_tasks), "generator": "synthetic-teacher", "backend": "replay",
+        "prompt": [f"prompt {t} {filler}" for t in task_ids[task_of]], "response": reasoning, "reasoning": reasoning,
+        "answer": [f"answer {cid} {filler}" for cid in candidate_ids],
         "code": [f"# code {cid}\n{filler}" for cid in candidate_ids], "reasoning_tokens": tokens,
         "completion_tokens": tokens + 600, "finish_reason": "stop", "seed": 0,
     })
     ref_ms = np.exp(rng.normal(0.0, 1.0, size=n))
+    new_ms = np.where(correct, ref_ms / np.where(correct, speedup, 1.0), np.nan)
     verdicts = pd.DataFrame({
         "candidate_id": candidate_ids, "task_id": task_ids[task_of], "status": status,
-        "reason": np.where(correct, "", "trial 0: value_mismatch"), "compiled": ~np.isin(status, ["compile_error", "no_code"]),
-        "correct": correct, "ref_ms": ref_ms, "new_ms": np.where(correct, ref_ms / np.where(correct, speedup, 1.0), np.nan),
-        "ref_median_ms": ref_ms, "new_median_ms": np.where(correct, ref_ms / np.where(correct, speedup, 1.0), np.nan),
-        "speedup": speedup, "max_abs_err": np.where(correct, 1e-4, 1.0), "device": "cuda:NVIDIA H100",
-        "verify_mode": "hardened", "compile_s": 15.0, "eval_s": 2.0, "flags": "", "trusted": True,
+        "reason": np.where(correct, "", "trial 0: value_mismatch"),
+        "compiled": ~np.isin(status, ["compile_error", "no_code"]), "correct": correct, "ref_ms": ref_ms,
+        "new_ms": new_ms, "ref_median_ms": ref_ms, "new_median_ms": new_ms, "speedup": speedup,
+        "max_abs_err": np.where(correct, 1e-4, 1.0), "device": "cuda:NVIDIA H100", "verify_mode": "hardened",
+        "compile_s": 15.0, "eval_s": 2.0, "flags": "", "trusted": True,
     })
     return (contracts.conform(candidates, contracts.CANDIDATES, "synthetic candidates"),
             contracts.conform(verdicts, contracts.VERDICTS, "synthetic verdicts"),

@@ -168,7 +168,8 @@ def test_figures_exist_with_captions(result):
         data = (fig_dir / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
         assert summary["figures"][name].endswith(".")
-    assert "r = " in summary["figures"]["speedup_vs_length.png"] and "R² = " in summary["figures"]["speedup_vs_length.png"]
+    caption = summary["figures"]["speedup_vs_length.png"]
+    assert "r = " in caption and "R² = " in caption
 
 
 # ---------------------------------------------------------------- each figure shows the summary's numbers

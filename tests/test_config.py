@@ -69,7 +69,8 @@ def test_a_baseline_can_be_the_difficulty_model(default):
     (lambda c: c["evaluate"].update(baselines=["smollm2-135m"]), "is the base generator, already evaluated as 'base'"),
     (lambda c: c["generators"].update(concur={"backend": "transformers", "model": "smollm2-135m"})
      or c["evaluate"].update(baselines=["concur"]), "'concur' is also the name of an evaluated model"),
-    (lambda c: c["evaluate"].update(difficulty_model="min"), "evaluate.difficulty_model 'min' is not an evaluated model"),
+    (lambda c: c["evaluate"].update(difficulty_model="min"),
+     "evaluate.difficulty_model 'min' is not an evaluated model"),
     (lambda c: c["evaluate"].update(fast_p=[0, 2]), "evaluate.fast_p must include 1"),
 ])
 def test_bad_configs_fail_with_one_clear_line(default, mutate, message):

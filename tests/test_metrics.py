@@ -137,7 +137,8 @@ def test_score_unknown_task_is_an_error():
         score({"base": verdicts([("e/q", True, 1.0)])}, TASKS, SETTINGS)
 
 
-# ---------------------------------------------------------------- difficulty (ARL bands, Easy < 4000 <= Medium <= 8500 < Hard)
+# ---------------------------------------------------------------- difficulty
+# ARL bands: Easy < 4000 <= Medium <= 8500 < Hard
 
 def test_difficulty_bands_at_and_around_the_thresholds():
     assert [difficulty(v, 4000, 8500) for v in (0, 3999.9, 4000, 6000, 8500, 8500.1)] == [

@@ -173,7 +173,8 @@ def test_scoring_and_analysis_rules_run_on_prepared_inputs(tmp_path):
     write_parquet(eval_tasks.assign(split="eval", level=[1, 1, 1, 2, 2, 2, 2, 3]), res / "tasks" / "eval.parquet")
     for model, flip in (("base", False), ("concur", True)):
         write_parquet(eval_candidates, res / "eval" / model / "candidates.parquet")
-        write_parquet(eval_verdicts.assign(correct=eval_verdicts["correct"] ^ flip), res / "eval" / model / "verified.parquet")
+        write_parquet(eval_verdicts.assign(correct=eval_verdicts["correct"] ^ flip),
+                      res / "eval" / model / "verified.parquet")
 
     snakemake("-s", str(ROOT / "Snakefile"), "--configfile", str(ROOT / "config.yaml"), "--cores", "1",
               "--config", f"results={res}", "--allowed-rules", "eval_score", "analyze", "--",

@@ -395,7 +395,8 @@ def plot_eval_scores(overall: pd.DataFrame | None, path: Path) -> Figure:
 
 def plot_eval_by_difficulty(by_difficulty: pd.DataFrame | None, path: Path) -> Figure:
     models = [] if by_difficulty is None else list(dict.fromkeys(by_difficulty["model"]))
-    fig, ax = _new_axes("Evaluation: Exec per model by task difficulty (ARL)", size=(max(7, 1.1 * len(models) + 2), 4.2))
+    fig, ax = _new_axes("Evaluation: Exec per model by task difficulty (ARL)",
+                        size=(max(7, 1.1 * len(models) + 2), 4.2))
     if by_difficulty is None or by_difficulty.empty:
         _placeholder(ax, "no evaluation scores by difficulty")
     else:

@@ -89,7 +89,8 @@ def _check_references(config: dict) -> None:
         if name not in generators:
             raise ConfigError(f"config: evaluate.baselines: {name!r} is not a generators entry")
         if name == base:
-            raise ConfigError(f"config: evaluate.baselines: {name!r} is the base generator, already evaluated as 'base'")
+            raise ConfigError(f"config: evaluate.baselines: {name!r} is the base generator, already evaluated "
+                              "as 'base'")
         if name == "base" or name in adapters:
             raise ConfigError(f"config: evaluate.baselines: {name!r} is also the name of an evaluated model "
                               "('base' or a train.adapters entry); rename the generators entry")
