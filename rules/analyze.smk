@@ -1,8 +1,18 @@
-FIGURES = ["accuracy_by_length", "length_correct_vs_incorrect", "speedup_vs_length", "arl_difficulty", "eval_scores"]
+FIGURES = [
+    "accuracy_by_length",
+    "length_correct_vs_incorrect",
+    "speedup_vs_length",
+    "arl_difficulty",
+    "accuracy_by_length_within_task",
+    "speedup_vs_length_within_task",
+    "eval_scores",
+    "eval_by_difficulty",
+]
 
 
 rule analyze:
-    """The paper's analysis on the synthesis run: accuracy and speedup against reasoning length, ARL difficulty."""
+    """The paper's analysis on the synthesis run: accuracy and speedup against reasoning length, over all tasks and
+    within each task, ARL difficulty; the evaluation scores overall and by difficulty."""
     input:
         candidates=shard_files("candidates"),
         verified=shard_files("verified"),

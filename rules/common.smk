@@ -4,14 +4,20 @@ RESULTS = config["results"]
 SHARDS = list(range(config["tasks"]["shards"]))
 TEACHER = config["synthesize"]["generator"]
 ADAPTERS = config["train"]["adapters"]
-EVAL_MODELS = ["base"] + ADAPTERS
+BASE_GENERATOR = config["evaluate"]["base_generator"]
+BASELINES = config["evaluate"]["baselines"]
+# every evaluated model: the base generator, the base generator plus each adapter, each baseline generator
+EVAL_MODELS = ["base"] + ADAPTERS + BASELINES
+DIFFICULTY_MODEL = config["evaluate"]["difficulty_model"]
+# what eval generation depends on: changing pass_k, baselines or the difficulty model reruns no generation
+EVAL_GENERATION_KEYS = ["samples", "temperature", "top_p", "max_new_tokens", "batch_size", "seed", "gpus"]
 
 
 wildcard_constraints:
     shard=r"\d+",
     generator="|".join(map(re.escape, config["generators"])),
     adapter="|".join(ADAPTERS) or "(?!)",
-    model="|".join(EVAL_MODELS),
+    model="|".join(map(re.escape, EVAL_MODELS)),
 
 
 def results(*parts):
@@ -70,7 +76,43 @@ def adapter_dataset(wildcards):
 
 
 def eval_adapter_dir(wildcards):
-    return [] if wildcards.model == "base" else [results("adapters", wildcards.model)]
+    return [results("adapters", wildcards.model)] if wildcards.model in ADAPTERS else []
+
+
+def eval_generator_name(model):
+    """The generators entry behind an evaluated model: a baseline's own, else the base generator."""
+    return model if model in BASELINES else BASE_GENERATOR
+
+
+def eval_generator(wildcards):
+    return config["generators"][eval_generator_name(wildcards.model)]
+
+
+def eval_replay_file(wildcards):
+    """The generations file of a replay baseline (nothing for model-backed generators)."""
+    generator = eval_generator(wildcards)
+    return [generator["path"]] if generator["backend"] == "replay" else []
+
+
+def eval_gpus(wildcards):
+    """GPUs of one eval generation job: none for a baseline behind an endpoint or a replay file."""
+    return 0 if eval_generator(wildcards)["backend"] in ("openai", "replay") else gpus("evaluate")
+
+
+def eval_generation_settings():
+    return {key: config["evaluate"][key] for key in EVAL_GENERATION_KEYS}
+
+
+def eval_model_info():
+    """Kind (base, adapter, baseline) and generators entry of every evaluated model, for the results table."""
+    kinds = {"base": "base", **{a: "adapter" for a in ADAPTERS}, **{b: "baseline" for b in BASELINES}}
+    return {model: {"kind": kinds[model], "generator": eval_generator_name(model)} for model in EVAL_MODELS}
+
+
+def eval_api_key_variables():
+    """The API key variables of the evaluated generators (the base one and each baseline)."""
+    names = [BASE_GENERATOR] + BASELINES
+    return sorted({config["generators"][n]["api_key_env"] for n in names if config["generators"][n].get("api_key_env")})
 
 
 COMPILE_KEYS = ["device", "mode", "cuda_arch", "host_compiler", "timeout_s", "memory_limit_mb", "max_processes"]
@@ -97,5 +139,6 @@ def final_targets():
         results("dataset", "card.md"),
         *[results("adapters", name) for name in ADAPTERS],
         results("eval", "scores.csv"),
+        results("eval", "table.md"),
         results("analysis", "summary.json"),
     ]

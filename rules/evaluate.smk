@@ -1,22 +1,24 @@
-# An openai base generator's API key variable must be set before the run starts; cluster jobs receive it.
-if config["generators"][config["evaluate"]["base_generator"]].get("api_key_env"):
+# The API key variables of openai generators evaluated (the base one, baselines) must be set before the run
+# starts; cluster jobs receive them.
+if eval_api_key_variables():
 
     envvars:
-        config["generators"][config["evaluate"]["base_generator"]]["api_key_env"],
+        *eval_api_key_variables(),
 
 
 rule eval_generate:
-    """The base model, or the base model plus an adapter, answers every eval task `samples` times (resumable like
-    synthesize, from `<output>.partial.jsonl`)."""
+    """One evaluated model answers every eval task `samples` times: the base generator, the base generator plus an
+    adapter, or a baseline generator as it is (resumable like synthesize, from `<output>.partial.jsonl`)."""
     input:
         tasks=results("tasks", "eval.parquet"),
         adapter=eval_adapter_dir,
+        generations=eval_replay_file,
     output:
         results("eval", "{model}", "candidates.parquet"),
     params:
-        settings=config["evaluate"],
-        generator=config["generators"][config["evaluate"]["base_generator"]],
-        generator_name=config["evaluate"]["base_generator"],
+        settings=eval_generation_settings(),
+        generator=eval_generator,
+        generator_name=lambda wc: eval_generator_name(wc.model),
         models=config["models"],
         language=config["synthesize"]["language"],
     log:
@@ -25,10 +27,10 @@ rule eval_generate:
         benchmark_path("eval", "{model}", "generate")
     conda:
         "../envs/torch.yaml"
-    threads: max(2, 4 * gpus("evaluate"))
+    threads: lambda wc: max(2, 4 * eval_gpus(wc))
     resources:
-        gpu=gpus("evaluate"),
-        mem_mb=8000 + 32000 * gpus("evaluate"),  # host memory to load a large model's weights, per GPU
+        gpu=eval_gpus,
+        mem_mb=lambda wc: 8000 + 32000 * eval_gpus(wc),  # host memory to load a large model's weights, per GPU
         runtime=12 * 60,
     script:
         "../scripts/eval_generate.py"
@@ -84,16 +86,26 @@ rule eval_verify:
 
 
 rule eval_score:
-    """Exec, fast_p and unbiased pass@k per model, overall, per level and per category."""
+    """Exec, fast_p and unbiased pass@k per model: overall, per level, per category and per ARL difficulty band;
+    the paper's results table; each eval task's difficulty."""
     input:
         verified=expand(results("eval", "{model}", "verified.parquet"), model=EVAL_MODELS),
         tasks=results("tasks", "eval.parquet"),
+        difficulty=results("eval", DIFFICULTY_MODEL, "candidates.parquet"),
     output:
         csv=results("eval", "scores.csv"),
-        markdown=results("eval", "scores.md"),
+        table_csv=report(
+            results("eval", "table.csv"),
+            caption="../report/eval_table.rst",
+            category="Evaluation",
+        ),
+        table_md=results("eval", "table.md"),
+        difficulty=results("eval", "difficulty.csv"),
     params:
-        settings=config["evaluate"],
-        models=EVAL_MODELS,
+        settings={key: config["evaluate"][key] for key in ("pass_k", "fast_p", "difficulty_model", "samples",
+                                                            "temperature")},
+        thresholds={key: config["analyze"][key] for key in ("easy_below", "hard_above")},
+        models=eval_model_info(),
     log:
         log_path("eval", "score"),
     conda:

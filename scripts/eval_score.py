@@ -5,7 +5,9 @@ with logging_to(snakemake.log[0]):
     run_scoring(
         verified_paths=dict(zip(snakemake.params.models, snakemake.input.verified)),
         tasks_path=snakemake.input.tasks,
+        difficulty_path=snakemake.input.difficulty,
         settings=snakemake.params.settings,
-        csv_path=snakemake.output.csv,
-        markdown_path=snakemake.output.markdown,
+        thresholds=snakemake.params.thresholds,
+        models=snakemake.params.models,
+        outputs=snakemake.output,
     )

@@ -1,17 +1,17 @@
-"""Analysis summary on a hand-built table (bin_width 100, Easy < 150, Hard > 300) and its figures."""
+"""Analysis summary on a hand-built table (bin_width 100, Easy < 150, Hard > 300) and its figures, each checked
+against the numbers in the summary."""
 
 import json
 import math
+import statistics
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from concur.analyze import analyze, json_safe, pearson
+from concur.analyze import FIGURES, analyze, json_safe, pearson
 
 SETTINGS = {"bin_width": 100, "easy_below": 150, "hard_above": 300}
-FIGURES = ("accuracy_by_length.png", "length_correct_vs_incorrect.png", "speedup_vs_length.png",
-           "arl_difficulty.png", "eval_scores.png")
 
 # candidate_id, task_id, reasoning_tokens, correct, speedup
 ROWS = [
@@ -39,16 +39,26 @@ def tables(rows=ROWS):
 
 
 SCORES = pd.DataFrame({
-    "model": ["base", "base", "concur"], "scope": ["overall", "level", "overall"], "group": ["all", "1", "all"],
-    "n_tasks": [3, 2, 3], "n_samples": [6, 4, 6], "exec": [0.5, 0.25, 2 / 3], "fast_1": [1 / 6, 0.0, 0.5],
-    "mean_speedup": [1.2, 1.0, float("nan")],
+    "model": ["base", "base", "concur", "base", "base", "concur", "concur"],
+    "scope": ["overall", "level", "overall", "difficulty", "difficulty", "difficulty", "difficulty"],
+    "group": ["all", "1", "all", "Easy", "Hard", "Easy", "Hard"],
+    "n_tasks": [3, 2, 3, 2, 1, 2, 1], "n_samples": [6, 4, 6, 4, 2, 4, 2],
+    "exec": [0.5, 0.25, 2 / 3, 0.75, 0.0, 0.5, 1.0], "fast_1": [1 / 6, 0.0, 0.5, 0.25, 0.0, 0.5, 0.5],
+    "mean_speedup": [1.2, 1.0, float("nan"), 1.2, float("nan"), 1.0, 1.0],
 })
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
+def drawn(tmp_path_factory):
     fig_dir = tmp_path_factory.mktemp("figures")
-    return analyze(*tables(), SCORES, SETTINGS, fig_dir), fig_dir
+    figures = {}
+    summary = analyze(*tables(), SCORES, SETTINGS, fig_dir, figures)
+    return summary, fig_dir, figures
+
+
+@pytest.fixture(scope="module")
+def result(drawn):
+    return drawn[:2]
 
 
 def test_accuracy_bins(result):
@@ -93,6 +103,34 @@ def test_within_task_correlation(result):
     assert "z-score" in within["normalisation"]
 
 
+def z_scores(values):
+    mean, std = statistics.fmean(values), statistics.pstdev(values)
+    return [(v - mean) / std for v in values]
+
+
+# within-task z of the lengths: p/a (50, 120, 180), p/b (250, 320, 390), p/c (200, 220) -> (-1, 1)
+Z = dict(zip(["a1", "a2", "a3"], z_scores([50, 120, 180]))) | dict(zip(["b1", "b2", "b3"], z_scores([250, 320, 390])))
+Z |= {"c1": -1.0, "c2": 1.0}
+CORRECT = {r[0]: r[3] for r in ROWS}
+
+
+def test_accuracy_within_task(result):
+    summary, _ = result
+    within = summary["accuracy_by_length_within_task"]
+    assert (within["n"], within["n_tasks"], within["bin_width"]) == (8, 3, 0.5)
+    # z: a1 -1.25, b1 -1.22 | c1 -1 | - | a2 0.06, b2 0 | - | a3 1.19, c2 1, b3 1.22
+    assert [(b["lo"], b["hi"], b["count"], b["n_correct"]) for b in within["bins"]] == [
+        (-1.5, -1.0, 2, 2), (-1.0, -0.5, 1, 1), (-0.5, 0.0, 0, 0), (0.0, 0.5, 2, 1), (0.5, 1.0, 0, 0),
+        (1.0, 1.5, 3, 1)]
+    assert [b["accuracy"] for b in within["bins"]] == pytest.approx([1.0, 1.0, None, 0.5, None, 1 / 3])
+    ok = [Z[c] for c in Z if CORRECT[c]]
+    bad = [Z[c] for c in Z if not CORRECT[c]]
+    assert within["mean_z"]["correct"] == pytest.approx(statistics.fmean(ok))
+    assert within["mean_z"]["incorrect"] == pytest.approx(statistics.fmean(bad))
+    r = np.corrcoef([Z[c] for c in Z], [float(CORRECT[c]) for c in Z])[0, 1]
+    assert within["correlation"]["r"] == pytest.approx(r) and within["correlation"]["r2"] == pytest.approx(r * r)
+
+
 def test_pearson_undefined_cases():
     assert pearson([1, 2], [1, 2]) == {"n": 2, "r": None, "p": None, "r2": None}
     assert pearson([1, 2, 3], [5, 5, 5])["r"] is None
@@ -118,22 +156,140 @@ def test_eval_scores_overall_rows_json_safe(result):
     summary, _ = result
     assert [(r["model"], r["exec"]) for r in summary["eval_scores"]] == [("base", 0.5), ("concur", 2 / 3)]
     assert summary["eval_scores"][1]["mean_speedup"] is None   # NaN -> None
+    assert [(r["model"], r["group"], r["exec"]) for r in summary["eval_scores_by_difficulty"]] == [
+        ("base", "Easy", 0.75), ("base", "Hard", 0.0), ("concur", "Easy", 0.5), ("concur", "Hard", 1.0)]
     json.dumps(summary, allow_nan=False)
 
 
 def test_figures_exist_with_captions(result):
     summary, fig_dir = result
-    assert set(summary["figures"]) == set(FIGURES)
+    assert set(summary["figures"]) == set(FIGURES) and len(FIGURES) == 8
     for name in FIGURES:
         data = (fig_dir / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
         assert summary["figures"][name].endswith(".")
-    assert "r = " in summary["figures"]["speedup_vs_length.png"]
+    caption = summary["figures"]["speedup_vs_length.png"]
+    assert "r = " in caption and "R² = " in caption
+
+
+# ---------------------------------------------------------------- each figure shows the summary's numbers
+
+def legend_texts(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def bar_heights(ax):
+    return [p.get_height() for p in ax.patches]
+
+
+def test_figure_accuracy_by_length(drawn):
+    summary, _, figures = drawn
+    ax, counts = figures["accuracy_by_length.png"].axes
+    bins = summary["accuracy_by_length"]
+    assert bar_heights(ax) == pytest.approx([b["accuracy"] or 0.0 for b in bins])
+    assert [p.get_x() + p.get_width() / 2 for p in ax.patches] == pytest.approx([b["lo"] + 50 for b in bins])
+    assert list(counts.lines[0].get_ydata()) == [b["count"] for b in bins] == [1, 2, 3, 2]
+    assert [t.get_text() for t in ax.texts] == ["n=1", "n=2", "n=3", "n=2"]
+    assert legend_texts(ax)[0] == "share correct per 100-token bin (n = 8 candidates)"
+    assert ax.get_xlabel() == "reasoning length (tokens)" and ax.get_ylabel() == "share correct"
+
+
+def test_figure_length_by_correctness(drawn):
+    summary, _, figures = drawn
+    (ax,) = figures["length_correct_vs_incorrect.png"].axes
+    ok, bad = summary["length_by_correctness"]["correct"], summary["length_by_correctness"]["incorrect"]
+    assert legend_texts(ax) == [f"correct (n = {ok['count']}, median {ok['median']:,.0f} tokens)",
+                                f"incorrect (n = {bad['count']}, median {bad['median']:,.0f} tokens)"]
+    assert legend_texts(ax)[0] == "correct (n = 5, median 200 tokens)"
+    assert [line.get_xdata()[0] for line in ax.lines] == [200.0, 220.0]   # the dashed medians
+    # correct 50 | 120 | 200, 250 | 390 over 100-token bins from 0: shares 1/5, 1/5, 2/5, 1/5
+    stairs = [p for p in ax.patches]
+    assert list(stairs[0].get_data().values) == pytest.approx([0.2, 0.2, 0.4, 0.2])
+    assert list(stairs[1].get_data().values) == pytest.approx([0, 1 / 3, 1 / 3, 1 / 3])
+    assert "tokens" in ax.get_xlabel()
+
+
+def test_figure_speedup_vs_length(drawn):
+    summary, _, figures = drawn
+    (ax,) = figures["speedup_vs_length.png"].axes
+    fit = summary["speedup_vs_length"]
+    texts = legend_texts(ax)
+    assert texts[0] == "correct candidates (n = 5)"
+    assert texts[1] == f"least-squares fit: r = {fit['r']:.2f}, p = {fit['p']:.2g}, R² = {fit['r2']:.2f}"
+    assert len(ax.collections[0].get_offsets()) == fit["n"] == 5
+    assert "tokens" in ax.get_xlabel() and "×" in ax.get_ylabel()
+
+
+def test_figure_arl_per_task(drawn):
+    summary, _, figures = drawn
+    ax = figures["arl_difficulty.png"].axes[0]
+    assert bar_heights(ax) == pytest.approx(sorted(r["arl"] for r in summary["arl"]))
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "c", "b"]   # ARL 116.7, 210, 320
+    assert legend_texts(ax)[:3] == ["Easy (n = 1 tasks)", "Medium (n = 1 tasks)", "Hard (n = 1 tasks)"]
+    assert ax.get_ylabel() == "ARL (tokens)"
+
+
+def test_figure_arl_histogram_for_many_tasks(tmp_path):
+    # 60 tasks (more than one bar each would show): tasks per ARL bin, stacked by band
+    rows = [(f"x{i}", f"p/{i}", 10 * i, i % 2 == 0, 1.0 + i) for i in range(60)]
+    tasks = pd.DataFrame({"task_id": [f"p/{i}" for i in range(60)], "name": [f"t{i}" for i in range(60)],
+                          "category": "fused", "level": 2})
+    cands, verdicts, _ = tables(rows)
+    figures = {}
+    summary = analyze(cands, verdicts, tasks, None, SETTINGS, tmp_path, figures)
+    ax = figures["arl_difficulty.png"].axes[0]
+    assert sum(bar_heights(ax)) == 60 == len(summary["arl"])
+    assert legend_texts(ax)[:3] == [f"{band} (n = {summary['difficulty_counts'][band]} tasks)"
+                                    for band in ("Easy", "Medium", "Hard")]
+    assert summary["difficulty_counts"] == {"Easy": 15, "Medium": 16, "Hard": 29}   # ARL 0..140, 150..300, 310..590
+    assert ax.get_ylabel() == "tasks"
+
+
+def test_figure_accuracy_within_task(drawn):
+    summary, _, figures = drawn
+    ax, counts = figures["accuracy_by_length_within_task.png"].axes
+    bins = summary["accuracy_by_length_within_task"]["bins"]
+    assert bar_heights(ax) == pytest.approx([b["accuracy"] or 0.0 for b in bins])
+    assert list(counts.lines[0].get_ydata()) == [b["count"] for b in bins]
+    assert legend_texts(ax)[0].startswith("share correct per 0.5-σ bin (n = 8 candidates, 3 tasks; r = ")
+    assert "standard deviations" in ax.get_xlabel()
+
+
+def test_figure_speedup_within_task(drawn):
+    summary, _, figures = drawn
+    (ax,) = figures["speedup_vs_length_within_task.png"].axes
+    within = summary["speedup_vs_length_within_task"]
+    assert len(ax.collections[0].get_offsets()) == within["n"] == 4
+    texts = legend_texts(ax)
+    assert texts[0] == "correct candidates (n = 4, 2 tasks)"
+    assert texts[1] == f"least-squares fit: r = {within['r']:.2f}, p = {within['p']:.2g}, R² = {within['r2']:.2f}"
+    assert "z-score" in ax.get_xlabel() and "z-score" in ax.get_ylabel()
+
+
+def test_figure_eval_scores(drawn):
+    summary, _, figures = drawn
+    (ax,) = figures["eval_scores.png"].axes
+    rows = summary["eval_scores"]
+    # bars: exec per model, then fast_1 per model
+    assert bar_heights(ax) == pytest.approx([r["exec"] for r in rows] + [r["fast_1"] for r in rows])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["base\n(n = 6 samples)", "concur\n(n = 6 samples)"]
+
+
+def test_figure_eval_by_difficulty(drawn):
+    summary, _, figures = drawn
+    (ax,) = figures["eval_by_difficulty.png"].axes
+    rows = summary["eval_scores_by_difficulty"]
+    by = {(r["model"], r["group"]): r["exec"] for r in rows}
+    assert bar_heights(ax) == pytest.approx([by["base", "Easy"], by["concur", "Easy"],
+                                             by["base", "Hard"], by["concur", "Hard"]])
+    assert legend_texts(ax) == ["Easy (n = 2 tasks)", "Hard (n = 1 tasks)"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["base", "concur"]
 
 
 def test_no_candidates_and_no_scores(tmp_path):
     summary = analyze(*tables([]), None, SETTINGS, tmp_path)
     assert summary["n_candidates"] == 0 and summary["accuracy_by_length"] == [] and summary["eval_scores"] is None
+    assert summary["eval_scores_by_difficulty"] is None and summary["accuracy_by_length_within_task"]["bins"] == []
     assert summary["speedup_vs_length"]["r"] is None
     assert "No evaluation scores" in summary["figures"]["eval_scores.png"]
     assert all((tmp_path / name).exists() for name in FIGURES)

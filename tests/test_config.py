@@ -31,6 +31,28 @@ def test_paper_config_is_valid():
     assert cfg["train"]["lora"] == {"r": 32, "alpha": 32, "dropout": 0.05,
                                     "target_modules": cfg["train"]["lora"]["target_modules"]}
     assert cfg["train"]["epochs"] == 3
+    assert cfg["train"]["adapters"] == ["concur", "min", "max", "speedup", "random"]
+    evaluate = cfg["evaluate"]
+    assert (evaluate["pass_k"], evaluate["samples"], evaluate["difficulty_model"]) == ([1, 10], 10, "base")
+    assert evaluate["baselines"] == [] and 1 in evaluate["fast_p"]
+    assert cfg["analyze"] == {"bin_width": 512, "easy_below": 4000, "hard_above": 8500}
+
+
+def test_evaluation_defaults(default):
+    trimmed = copy.deepcopy(default)
+    trimmed["evaluate"] = {"base_generator": "smollm2-135m"}
+    del trimmed["analyze"]
+    cfg = config.validate(trimmed)
+    assert cfg["evaluate"]["baselines"] == [] and cfg["evaluate"]["difficulty_model"] == "base"
+    assert cfg["evaluate"]["pass_k"] == [1, 10] and cfg["evaluate"]["samples"] == 10
+    assert cfg["analyze"] == {"bin_width": 512, "easy_below": 4000, "hard_above": 8500}
+
+
+def test_a_baseline_can_be_the_difficulty_model(default):
+    cfg = copy.deepcopy(default)
+    cfg["generators"]["other"] = {"backend": "transformers", "model": "smollm2-135m"}
+    cfg["evaluate"].update(baselines=["other"], difficulty_model="other")
+    assert config.validate(cfg)["evaluate"]["baselines"] == ["other"]
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -43,6 +65,13 @@ def test_paper_config_is_valid():
     (lambda c: c["train"].update(adapters=["concur", "min"]) or c["curate"].update(ablations=["max"]),
      "need the matching curate.ablations"),
     (lambda c: c["generators"]["demo-teacher"].pop("tokenizer"), "the replay backend needs 'tokenizer'"),
+    (lambda c: c["evaluate"].update(baselines=["nope"]), "evaluate.baselines: 'nope' is not a generators entry"),
+    (lambda c: c["evaluate"].update(baselines=["smollm2-135m"]), "is the base generator, already evaluated as 'base'"),
+    (lambda c: c["generators"].update(concur={"backend": "transformers", "model": "smollm2-135m"})
+     or c["evaluate"].update(baselines=["concur"]), "'concur' is also the name of an evaluated model"),
+    (lambda c: c["evaluate"].update(difficulty_model="min"),
+     "evaluate.difficulty_model 'min' is not an evaluated model"),
+    (lambda c: c["evaluate"].update(fast_p=[0, 2]), "evaluate.fast_p must include 1"),
 ])
 def test_bad_configs_fail_with_one_clear_line(default, mutate, message):
     bad = copy.deepcopy(default)

@@ -211,3 +211,33 @@ def test_verdicts_on_degenerate_tasks_are_not_admitted():
     assert not any("t/b" in set(s["task_id"]) for s in result.subsets.values())
     trusted = curate(cands, verdicts.drop(columns="trusted"), tasks, settings())
     assert "t/b" in set(trusted.dataset["task_id"])
+
+
+def reference_shortest_fastest(correct, selection):
+    """Criterion (a) one task at a time, straight from its definition (the vectorised code must agree)."""
+    chosen = []
+    for _, group in sorted(correct.groupby("task_id"), key=lambda item: item[0]):
+        speed = group["speedup"].fillna(-np.inf)
+        if selection == "strict":
+            both = group[(speed == speed.max()) & (group["reasoning_tokens"] == group["reasoning_tokens"].min())]
+            if len(both):
+                chosen.append(min(both["candidate_id"]))
+        else:
+            best = sorted(zip(-speed, group["reasoning_tokens"], group["candidate_id"]))[0]
+            chosen.append(best[2])
+    return chosen
+
+
+@pytest.mark.parametrize("selection", ["strict", "fastest_then_shortest"])
+def test_vectorised_selection_matches_the_per_task_definition(selection):
+    from concur.curate import select_shortest_fastest
+
+    rng = np.random.default_rng(7)
+    n = 3000  # few distinct lengths and speedups, so ties (and NaN speedups) are common
+    correct = pd.DataFrame({
+        "candidate_id": [f"c{i:05d}" for i in rng.permutation(n)],
+        "task_id": [f"t/{i}" for i in rng.integers(0, 400, size=n)],
+        "reasoning_tokens": rng.integers(1, 6, size=n) * 100,
+        "speedup": np.where(rng.random(n) < 0.05, np.nan, rng.integers(1, 5, size=n) / 2),
+    })
+    assert select_shortest_fastest(correct, selection) == reference_shortest_fastest(correct, selection)

@@ -1,5 +1,7 @@
 """The workflow itself: dry-run job counts, lint, DAG rendering, config errors, and rerun triggers."""
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -12,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 
-def snakemake(*args, cwd=ROOT, check=True):
-    proc = subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+def snakemake(*args, cwd=ROOT, check=True, env=None):
+    proc = subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env=None if env is None else {**os.environ, **env})
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -40,11 +43,86 @@ def test_shard_count_comes_from_config(tmp_path):
     assert counts["synthesize"] == counts["compile"] == counts["verify"] == 5
 
 
+def jobs(output: str, rule: str) -> list[dict[str, str]]:
+    """The dry run's job blocks of one rule (each starts after a `[date]` line): their `key: value` lines."""
+    blocks = re.split(r"^\[.*\]$|\n\s*\n", output, flags=re.MULTILINE)
+    found = []
+    for block in blocks:
+        lines = [line.strip() for line in block.strip().splitlines()]
+        if lines and lines[0] in (f"rule {rule}:", f"localrule {rule}:"):
+            found.append(dict(line.split(": ", 1) for line in lines[1:] if ": " in line))
+    return found
+
+
+# every adapter of the paper (ConCuR and the four ablation subsets) and two baseline generators, one behind an
+# OpenAI-compatible endpoint and one replayed from a file
+ABLATIONS_AND_BASELINES = """
+train:
+  adapters: [concur, min, max, speedup, random]
+generators:
+  served:
+    backend: openai
+    base_url: http://localhost:9/v1
+    model: served-model
+    api_key_env: CONCUR_TEST_BASELINE_KEY
+  replayed:
+    backend: replay
+    path: resources/demo/generations.jsonl
+    tokenizer: smollm2-135m
+evaluate:
+  baselines: [served, replayed]
+"""
+MODELS = {"base", "concur", "min", "max", "speedup", "random", "served", "replayed"}
+
+
+def test_dry_run_with_every_adapter_and_baselines(tmp_path):
+    overlay = tmp_path / "ablations.yaml"
+    overlay.write_text(ABLATIONS_AND_BASELINES)
+    out = snakemake("-n", "--configfile", str(overlay), "--config", f"results={tmp_path}/results",
+                    env={"CONCUR_TEST_BASELINE_KEY": "not-a-key"}).stdout
+    counts = job_counts(out)
+    assert counts["train"] == 5
+    assert counts["eval_generate"] == counts["eval_compile"] == counts["eval_verify"] == 8   # base, 5 adapters, 2
+    assert counts["eval_score"] == counts["analyze"] == 1
+    assert {j["wildcards"] for j in jobs(out, "train")} == {f"adapter={a}" for a in
+                                                            ("concur", "min", "max", "speedup", "random")}
+    generate = {j["wildcards"].removeprefix("model="): j for j in jobs(out, "eval_generate")}
+    assert set(generate) == MODELS
+    for adapter in ("concur", "min", "max", "speedup", "random"):   # an adapter model is trained first
+        assert f"{tmp_path}/results/adapters/{adapter}" in generate[adapter]["input"]
+    assert "adapters" not in generate["served"]["input"] and "adapters" not in generate["base"]["input"]
+    assert "resources/demo/generations.jsonl" in generate["replayed"]["input"]
+    (score,) = jobs(out, "eval_score")
+    assert {m for m in MODELS if f"eval/{m}/verified.parquet" in score["input"]} == MODELS
+    assert "eval/base/candidates.parquet" in score["input"]   # the difficulty model's generations
+    assert all(f"eval/{name}" in score["output"] for name in ("scores.csv", "table.csv", "table.md",
+                                                               "difficulty.csv"))
+    (analyze,) = jobs(out, "analyze")
+    assert "eval/scores.csv" in analyze["input"]
+
+
+def test_baseline_api_key_must_be_set(tmp_path):
+    overlay = tmp_path / "ablations.yaml"
+    overlay.write_text(ABLATIONS_AND_BASELINES)
+    env = {k: v for k, v in os.environ.items() if k != "CONCUR_TEST_BASELINE_KEY"}
+    proc = subprocess.run([*SNAKEMAKE, "-n", "--configfile", str(overlay)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert proc.returncode != 0 and "CONCUR_TEST_BASELINE_KEY" in proc.stdout + proc.stderr
+
+
 def test_paper_config_plans_every_stage(tmp_path):
-    out = snakemake("-n", "--configfile", "configs/paper.yaml", "--config", f"results={tmp_path}/paper")
-    counts = job_counts(out.stdout)
+    # the paper's config with a served baseline (its commented example): GPUs for the local models only
+    overlay = tmp_path / "baseline.yaml"
+    overlay.write_text("generators:\n  served:\n    backend: openai\n    base_url: http://localhost:9/v1\n"
+                       "    model: served-model\nevaluate:\n  baselines: [served]\n")
+    out = snakemake("-n", "--configfile", "configs/paper.yaml", str(overlay), "--config",
+                    f"results={tmp_path}/paper").stdout
+    counts = job_counts(out)
     assert counts["synthesize"] == counts["compile"] == counts["verify"] == 64
-    assert counts["train"] == 5 and counts["eval_generate"] == 6
+    assert counts["train"] == 5 and counts["eval_generate"] == counts["eval_verify"] == 7
+    gpus = {j["wildcards"]: re.search(r"\bgpu=(\d+)", j["resources"])[1] for j in jobs(out, "eval_generate")}
+    assert gpus == {"model=base": "4", "model=concur": "4", "model=min": "4", "model=max": "4",
+                    "model=speedup": "4", "model=random": "4", "model=served": "0"}
 
 
 def test_bad_config_stops_with_one_clear_line(tmp_path):
@@ -68,3 +146,53 @@ def test_graphs_render_to_svg(graph, tmp_path):
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
     assert "curate" in svg and "verify" in svg
 
+
+
+def test_scoring_and_analysis_rules_run_on_prepared_inputs(tmp_path):
+    """eval_score and analyze run through Snakemake (scripts, params, outputs) on tables written here in the
+    contracts' shapes: a synthetic synthesis run (benchmarks/curate_scale.py) and two models' eval verdicts."""
+    import importlib.util
+
+    import pandas as pd
+
+    from concur.io import write_parquet
+    from concur.tasks import shard_of
+
+    spec = importlib.util.spec_from_file_location("curate_scale", ROOT / "benchmarks" / "curate_scale.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res = tmp_path / "results"
+    candidates, verdicts, tasks = bench.synthetic_tables(60, 5)
+    candidates["generator"] = "demo-teacher"
+    for i in range(2):  # the default config's two shards of its teacher
+        keep = candidates["task_id"].map(lambda t: shard_of(t, 2) == i).to_numpy()
+        write_parquet(candidates[keep], res / "candidates" / "demo-teacher" / f"shard-{i}.parquet")
+        write_parquet(verdicts[keep], res / "verified" / "demo-teacher" / f"shard-{i}.parquet")
+    write_parquet(tasks, res / "tasks" / "train.parquet")
+    eval_candidates, eval_verdicts, eval_tasks = bench.synthetic_tables(8, 2, seed=5)
+    write_parquet(eval_tasks.assign(split="eval", level=[1, 1, 1, 2, 2, 2, 2, 3]), res / "tasks" / "eval.parquet")
+    for model, flip in (("base", False), ("concur", True)):
+        write_parquet(eval_candidates, res / "eval" / model / "candidates.parquet")
+        write_parquet(eval_verdicts.assign(correct=eval_verdicts["correct"] ^ flip),
+                      res / "eval" / model / "verified.parquet")
+
+    snakemake("-s", str(ROOT / "Snakefile"), "--configfile", str(ROOT / "config.yaml"), "--cores", "1",
+              "--config", f"results={res}", "--allowed-rules", "eval_score", "analyze", "--",
+              str(res / "eval" / "table.md"), str(res / "analysis" / "summary.json"), cwd=tmp_path)
+
+    table = pd.read_csv(res / "eval" / "table.csv")
+    assert list(table["model"]) == ["base", "concur"] and list(table["kind"]) == ["base", "adapter"]
+    assert [c for c in table.columns if c.startswith("L1_")] == ["L1_exec@1", "L1_exec@2", "L1_fast_1@1",
+                                                                 "L1_fast_1@2"]
+    scores = pd.read_csv(res / "eval" / "scores.csv", dtype={"group": str})
+    overall = scores[scores["scope"] == "overall"].set_index("model")
+    assert overall.loc["base", "exec"] == pytest.approx(eval_verdicts["correct"].mean())
+    assert overall.loc["concur", "exec"] == pytest.approx(1 - eval_verdicts["correct"].mean())
+    assert table.set_index("model").loc["base", "all_exec@1"] == pytest.approx(overall.loc["base", "pass@1"])
+    difficulty = pd.read_csv(res / "eval" / "difficulty.csv")
+    assert len(difficulty) == 8 and set(difficulty["model"]) == {"base"}
+    assert set(scores.loc[scores["scope"] == "difficulty", "group"]) == set(difficulty["difficulty"])
+    assert "## By difficulty" in (res / "eval" / "table.md").read_text()
+    summary = json.loads((res / "analysis" / "summary.json").read_text())
+    assert summary["n_candidates"] == 300 and summary["n_correct"] == int(verdicts["correct"].sum())
+    assert len(summary["eval_scores"]) == 2 and len(list((res / "figures").glob("*.png"))) == 8

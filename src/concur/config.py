@@ -80,9 +80,26 @@ def _check_references(config: dict) -> None:
     base = config["evaluate"]["base_generator"]
     if base not in generators or generators[base]["backend"] == "replay":
         raise ConfigError(f"config: evaluate.base_generator {base!r} must name a model-backed generators entry")
-    missing = [a for a in config["train"]["adapters"] if a != "concur" and a not in config["curate"]["ablations"]]
+    adapters = config["train"]["adapters"]
+    missing = [a for a in adapters if a != "concur" and a not in config["curate"]["ablations"]]
     if missing:
         raise ConfigError(f"config: train.adapters {missing} need the matching curate.ablations subsets")
+    evaluate = config["evaluate"]
+    for name in evaluate["baselines"]:
+        if name not in generators:
+            raise ConfigError(f"config: evaluate.baselines: {name!r} is not a generators entry")
+        if name == base:
+            raise ConfigError(f"config: evaluate.baselines: {name!r} is the base generator, already evaluated "
+                              "as 'base'")
+        if name == "base" or name in adapters:
+            raise ConfigError(f"config: evaluate.baselines: {name!r} is also the name of an evaluated model "
+                              "('base' or a train.adapters entry); rename the generators entry")
+    models_evaluated = ["base", *adapters, *evaluate["baselines"]]
+    if evaluate["difficulty_model"] not in models_evaluated:
+        raise ConfigError(f"config: evaluate.difficulty_model {evaluate['difficulty_model']!r} is not an evaluated "
+                          f"model ({', '.join(models_evaluated)})")
+    if 1 not in evaluate["fast_p"]:
+        raise ConfigError("config: evaluate.fast_p must include 1 (the results table reports fast_1)")
 
 
 def generator_model_spec(config: dict, generator: str) -> dict:

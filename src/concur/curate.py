@@ -104,29 +104,24 @@ def _speed_key(frame: pd.DataFrame) -> pd.Series:
     return frame["speedup"].fillna(-np.inf)
 
 
-def _pick_strict(group: pd.DataFrame) -> str | None:
-    speed = _speed_key(group)
-    both = group[(speed == speed.max()) & (group["reasoning_tokens"] == group["reasoning_tokens"].min())]
-    return min(both["candidate_id"]) if len(both) else None
-
-
-def _pick_fastest_then_shortest(group: pd.DataFrame) -> str:
-    ranked = group.assign(_neg_speed=-_speed_key(group))
-    ranked = ranked.sort_values(["_neg_speed", "reasoning_tokens", "candidate_id"], kind="stable")
-    return ranked["candidate_id"].iloc[0]
-
-
 def select_shortest_fastest(correct: pd.DataFrame, selection: str) -> list[str]:
-    """Criterion (a): candidate ids, one per task at most, in task_id order."""
+    """Criterion (a): candidate ids, one per task at most, in task_id order (whole-column groupby, no per-task
+    Python)."""
     if selection not in SELECTIONS:
         raise ValueError(f"curate.selection: {selection!r} is not one of {', '.join(SELECTIONS)}")
-    pick = _pick_strict if selection == "strict" else _pick_fastest_then_shortest
-    chosen = []
-    for _, group in correct.groupby("task_id", sort=True):
-        cid = pick(group)
-        if cid is not None:
-            chosen.append(cid)
-    return chosen
+    if correct.empty:
+        return []
+    speed = _speed_key(correct)
+    tokens = correct["reasoning_tokens"]
+    if selection == "strict":
+        by_task = correct["task_id"]
+        both = (speed == speed.groupby(by_task).transform("max")) & (tokens == tokens.groupby(by_task).transform("min"))
+        picked = correct.loc[both, ["task_id", "candidate_id"]].groupby("task_id", sort=True)["candidate_id"].min()
+        return list(picked)
+    ranked = pd.DataFrame({"task_id": correct["task_id"], "neg_speed": -speed, "tokens": tokens,
+                           "candidate_id": correct["candidate_id"]})
+    ranked = ranked.sort_values(["task_id", "neg_speed", "tokens", "candidate_id"], kind="stable")
+    return list(ranked.drop_duplicates("task_id")["candidate_id"])
 
 
 def select_high_speedup(correct: pd.DataFrame, threshold: float, taken: set[str]) -> list[str]:
@@ -220,7 +215,8 @@ def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame
     dataset = contracts.conform(admitted, contracts.DATASET, "curated dataset")
 
     subsets = {name: _ablation(correct, name, len(dataset), seed) for name in ablations}
-    sft = [sft_record(row) for _, row in dataset.iterrows()]
+    sft = [sft_record(row) for row in dataset.loc[:, ["candidate_id", "task_id", "prompt", "reasoning", "answer"]]
+           .to_dict(orient="records")]
     card = dataset_card(dataset, joined, settings={"selection": selection, "speedup_threshold": threshold,
                                                    "single_op_share": share, "ablations": ablations,
                                                    "seed": seed})

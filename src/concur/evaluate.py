@@ -1,11 +1,17 @@
-"""Score evaluation verdicts: eval/scores.csv (contract 7 of docs/data.md) and its paper-style Markdown table.
+"""Score evaluation verdicts (contract 7 of docs/data.md): eval/scores.csv, the paper-style results table
+(eval/table.csv, eval/table.md) and the eval tasks' difficulty (eval/difficulty.csv).
 
 Definitions, per model and group of tasks:
 * ``exec``: correct samples / all samples.
 * ``fast_{p}``: share of samples that are correct with speedup STRICTLY greater than p (fast_0: correct and > 0).
 * ``pass@{k}`` / ``fast_{p}@{k}``: unbiased pass@k per task, averaged over tasks. A task with fewer than k
   samples has no pass@k estimate (NaN) and is left out of the mean; the mean is NaN when no task has k samples.
+  The results table calls them Exec@k (pass@k of a correct kernel) and fast_1@k, as the paper does.
 * ``mean_speedup`` / ``geomean_speedup``: over correct samples with a measured speedup; NaN when none.
+
+Groups: every task (overall/all), each KernelBench level, each category, and each difficulty band, where a task's
+difficulty is the average reasoning length (ARL) of one reference model's eval generations for it
+(``evaluate.difficulty_model``), banded by ``analyze.easy_below`` / ``analyze.hard_above``.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ import math
 import numpy as np
 import pandas as pd
 
-from concur.metrics import geomean, pass_at_k
+from concur.metrics import DIFFICULTIES, check_thresholds, difficulty_labels, geomean, pass_at_k
 
-SCOPES = ("overall", "level", "category")
+SCOPES = ("overall", "level", "category", "difficulty")
+DIFFICULTY_COLUMNS = ["task_id", "level", "category", "model", "n_samples", "arl", "difficulty"]
+TABLE_FAST_P = 1
 
 
 def fast_name(p: float) -> str:
@@ -65,7 +73,8 @@ def _group_scores(frame: pd.DataFrame, pass_k, fast_p) -> dict:
     return row
 
 
-def _with_task_info(verdicts: pd.DataFrame, tasks: pd.DataFrame, model: str) -> pd.DataFrame:
+def _with_task_info(verdicts: pd.DataFrame, tasks: pd.DataFrame, model: str,
+                    difficulty: pd.DataFrame | None) -> pd.DataFrame:
     missing = [c for c in ("task_id", "correct", "speedup") if c not in verdicts.columns]
     if missing:
         raise ValueError(f"verdicts of model {model!r}: missing column(s) {', '.join(missing)}")
@@ -73,20 +82,27 @@ def _with_task_info(verdicts: pd.DataFrame, tasks: pd.DataFrame, model: str) -> 
     if unknown:
         raise ValueError(f"verdicts of model {model!r}: task_id {unknown[0]!r} is not in the tasks table")
     info = tasks.loc[:, ["task_id", "level", "category"]].drop_duplicates("task_id")
+    if difficulty is not None:
+        info = info.merge(difficulty.loc[:, ["task_id", "difficulty"]], on="task_id", how="left")
     joined = verdicts.loc[:, ["task_id", "correct", "speedup"]].merge(info, on="task_id", how="left")
     return joined.astype({"correct": bool, "speedup": float, "level": "int64"})
 
 
-def score(verdicts_by_model: dict[str, pd.DataFrame], tasks: pd.DataFrame, settings: dict) -> pd.DataFrame:
-    """One row per model x scope x group (overall/all, each level, each category), columns of `score_columns`."""
+def score(verdicts_by_model: dict[str, pd.DataFrame], tasks: pd.DataFrame, settings: dict,
+          difficulty: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per model x scope x group, columns of `score_columns`: overall/all, each level, each category and,
+    with a `difficulty` table (task_id, difficulty), each difficulty band that has tasks (Easy, Medium, Hard)."""
     pass_k = list(settings.get("pass_k", [1, 10]))
     fast_p = list(settings.get("fast_p", [0, 0.5, 0.8, 1, 1.5, 2]))
     rows = []
     for model, verdicts in verdicts_by_model.items():
-        frame = _with_task_info(verdicts, tasks, model)
+        frame = _with_task_info(verdicts, tasks, model, difficulty)
         groups = [("overall", "all", frame)]
         groups += [("level", str(level), part) for level, part in frame.groupby("level", sort=True)]
         groups += [("category", str(cat), part) for cat, part in frame.groupby("category", sort=True)]
+        if difficulty is not None:
+            groups += [("difficulty", band, frame[frame["difficulty"] == band]) for band in DIFFICULTIES
+                       if (frame["difficulty"] == band).any()]
         for scope, group, part in groups:
             rows.append({"model": model, "scope": scope, "group": group, **_group_scores(part, pass_k, fast_p)})
     columns = score_columns(pass_k, fast_p)
@@ -94,58 +110,154 @@ def score(verdicts_by_model: dict[str, pd.DataFrame], tasks: pd.DataFrame, setti
     return table.astype({"n_tasks": "int64", "n_samples": "int64"})
 
 
+# ---------------------------------------------------------------- difficulty
+
+def task_difficulty(candidates: pd.DataFrame, tasks: pd.DataFrame, model: str, easy_below: float,
+                    hard_above: float) -> pd.DataFrame:
+    """Each eval task's ARL over `model`'s eval generations (every sample, correct or not) and its band.
+
+    Columns `DIFFICULTY_COLUMNS`, one row per task that has generations, in task_id order."""
+    check_thresholds(easy_below, hard_above)
+    missing = [c for c in ("task_id", "reasoning_tokens") if c not in candidates.columns]
+    if missing:
+        raise ValueError(f"candidates of difficulty model {model!r}: missing column(s) {', '.join(missing)}")
+    unknown = sorted(set(candidates["task_id"]) - set(tasks["task_id"]))
+    if unknown:
+        raise ValueError(f"candidates of difficulty model {model!r}: task_id {unknown[0]!r} is not in the tasks table")
+    per_task = (candidates.groupby("task_id", sort=True)["reasoning_tokens"]
+                .agg(n_samples="size", arl="mean").reset_index())
+    info = tasks.loc[:, ["task_id", "level", "category"]].drop_duplicates("task_id")
+    table = per_task.merge(info, on="task_id", how="left").assign(model=model)
+    table["arl"] = table["arl"].astype(float)
+    table["difficulty"] = difficulty_labels(table["arl"], easy_below, hard_above)
+    return table.loc[:, DIFFICULTY_COLUMNS].astype({"level": "int64", "n_samples": "int64"})
+
+
+# ---------------------------------------------------------------- the results table
+
+def _level_groups(scores: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(scope, group, column prefix) of the table: each level in order, then every task."""
+    levels = sorted(scores.loc[scores["scope"] == "level", "group"].unique(), key=lambda g: (len(g), g))
+    return [("level", lv, f"L{lv}") for lv in levels] + [("overall", "all", "all")]
+
+
+def _table_metrics(pass_k) -> list[tuple[str, str]]:
+    """(scores.csv column, table label) pairs: Exec@k for every k, then fast_1@k."""
+    fast = fast_name(TABLE_FAST_P)
+    return [(f"pass@{k}", f"exec@{k}") for k in pass_k] + [(f"{fast}@{k}", f"{fast}@{k}") for k in pass_k]
+
+
+def results_table(scores: pd.DataFrame, pass_k, models: dict[str, dict] | None = None) -> pd.DataFrame:
+    """The paper's layout: one row per model (kind, generator), per level and over all tasks Exec@k and fast_1@k
+    for each k (fractions; NaN where no task of the group has k samples). Columns `{L1,L2,…,all}_{metric}`."""
+    models = models or {}
+    metrics = _table_metrics(pass_k)
+    missing = [col for col, _ in metrics if col not in scores.columns]
+    if missing:
+        raise ValueError(f"results table: scores lack {', '.join(missing)} (evaluate.fast_p must include "
+                         f"{TABLE_FAST_P})")
+    groups = _level_groups(scores)
+    rows = []
+    for model in dict.fromkeys(scores["model"]):
+        info = models.get(model, {})
+        row = {"model": model, "kind": info.get("kind", ""), "generator": info.get("generator", "")}
+        mine = scores[scores["model"] == model]
+        for scope, group, prefix in groups:
+            match = mine[(mine["scope"] == scope) & (mine["group"] == group)]
+            for col, label in metrics:
+                row[f"{prefix}_{label}"] = float(match[col].iloc[0]) if len(match) else math.nan
+        rows.append(row)
+    columns = ["model", "kind", "generator"] + [f"{p}_{label}" for _, _, p in groups for _, label in metrics]
+    return pd.DataFrame(rows, columns=columns)
+
+
 def _percent(value) -> str:
     return "–" if value is None or pd.isna(value) else f"{100 * value:.1f}"
 
 
-def scores_markdown(scores: pd.DataFrame) -> str:
-    """Paper-style table: one row per model, a column group (Exec, fast_1, pass@k...) per level and overall."""
-    if scores.empty:
-        return "# Evaluation scores\n\nNo evaluation scores.\n"
-    metrics = ["exec"] + (["fast_1"] if "fast_1" in scores.columns else [])
-    metrics += [c for c in scores.columns if c.startswith("pass@")]
-    labels = {"exec": "Exec", "fast_1": "fast_1"}
-    level_rows = scores[scores["scope"] == "level"]
-    levels = sorted(level_rows["group"].unique(), key=lambda g: (len(g), g))
-    groups = [("level", lv, f"L{lv}") for lv in levels] + [("overall", "all", "All")]
+def _label(metric: str) -> str:
+    return metric.replace("exec@", "Exec@")
 
-    header = ["model"] + [f"{short} {labels.get(m, m)}" for _, _, short in groups for m in metrics]
-    lines = ["# Evaluation scores", "",
-             "Values in % (Exec: correct samples; fast_1: correct and faster than PyTorch eager; pass@k: unbiased, "
-             "mean over tasks; – where no task of the group has k samples). L1/L2/L3: KernelBench levels.", "",
-             "| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+
+def _markdown_grid(scores: pd.DataFrame, groups: list[tuple[str, str, str]], metrics, models) -> list[str]:
+    header = ["model", "kind"] + [f"{title} {_label(label)}" for _, _, title in groups for _, label in metrics]
+    lines = ["| " + " | ".join(header) + " |", "|---|---" + "|---:" * (len(header) - 2) + "|"]
     for model in dict.fromkeys(scores["model"]):
-        cells = [str(model)]
+        mine = scores[scores["model"] == model]
+        cells = [str(model), models.get(model, {}).get("kind", "")]
         for scope, group, _ in groups:
-            match = scores[(scores["model"] == model) & (scores["scope"] == scope) & (scores["group"] == group)]
-            for m in metrics:
-                cells.append(_percent(match[m].iloc[0]) if len(match) else "–")
+            match = mine[(mine["scope"] == scope) & (mine["group"] == group)]
+            cells += [_percent(match[col].iloc[0]) if len(match) else "–" for col, _ in metrics]
         lines.append("| " + " | ".join(cells) + " |")
-    counts = scores[(scores["scope"].isin(["level", "overall"]))].drop_duplicates(["scope", "group"])
-    lines += ["", "Tasks per group: " + ", ".join(
-        f"{short} {int(counts[(counts['scope'] == s) & (counts['group'] == g)]['n_tasks'].iloc[0])}"
-        for s, g, short in groups if len(counts[(counts['scope'] == s) & (counts['group'] == g)])), ""]
-    return "\n".join(lines)
+    counts = scores.drop_duplicates(["scope", "group"]).set_index(["scope", "group"])["n_tasks"]
+    lines += ["", "Tasks: " + ", ".join(f"{title} {int(counts[(scope, group)])}" for scope, group, title in groups
+                                        if (scope, group) in counts.index)]
+    return lines
 
+
+def table_markdown(scores: pd.DataFrame, settings: dict, models: dict[str, dict] | None = None,
+                   difficulty: pd.DataFrame | None = None, thresholds: dict | None = None) -> str:
+    """eval/table.md: the results table (models x levels x Exec@k/fast_1@k), then the same by difficulty and
+    by category."""
+    models = models or {}
+    if scores.empty:
+        return "# Evaluation results\n\nNo evaluation scores.\n"
+    pass_k = list(settings.get("pass_k", [1, 10]))
+    metrics = _table_metrics(pass_k)
+    fast = fast_name(TABLE_FAST_P)
+    lines = ["# Evaluation results", "",
+             f"Values in %. Exec@k: unbiased pass@k of a correct kernel; {fast}@k: of a correct kernel faster than "
+             f"PyTorch eager (speedup > {TABLE_FAST_P}); each the mean over tasks of the per-task estimate from "
+             f"{settings.get('samples', '?')} samples per task at temperature {settings.get('temperature', '?')}; "
+             "– where no task of the group has k samples. L1, L2, …: KernelBench levels. Every number is in "
+             "eval/scores.csv; this table is eval/table.csv.", ""]
+    lines += _markdown_grid(scores, [(s, g, "All" if g == "all" else p) for s, g, p in _level_groups(scores)],
+                            metrics, models)
+    by_difficulty = [("difficulty", band, band) for band in DIFFICULTIES
+                     if ((scores["scope"] == "difficulty") & (scores["group"] == band)).any()]
+    if by_difficulty:
+        ref = difficulty["model"].iloc[0] if difficulty is not None and len(difficulty) else "?"
+        easy, hard = (f"{float(v):g}" if v is not None else "?"
+                      for v in ((thresholds or {}).get("easy_below"), (thresholds or {}).get("hard_above")))
+        lines += ["", "## By difficulty", "",
+                  f"A task's difficulty is the average reasoning length (ARL) of model `{ref}`'s samples for it: "
+                  f"Easy < {easy} ≤ Medium ≤ {hard} < Hard tokens (eval/difficulty.csv).", ""]
+        lines += _markdown_grid(scores, by_difficulty, metrics, models)
+    categories = [("category", c, c) for c in sorted(scores.loc[scores["scope"] == "category", "group"].unique())]
+    if categories:
+        lines += ["", "## By category", ""] + _markdown_grid(scores, categories, metrics, models)
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- stage entry points
 
 def run_generation(tasks_path, adapter_dir, model_name: str, generator_name: str, generator: dict, model_specs: dict,
                    settings: dict, language: str, out_path) -> None:
-    """Eval generation for one model: the base generator, or the base generator with a trained adapter.
-    Resumable like synthesis: a checkpoint next to `out_path` (see concur.synthesize)."""
+    """Eval generation for one model: the base generator, the base generator with a trained adapter, or a
+    baseline generator. Resumable like synthesis: a checkpoint next to `out_path` (see concur.synthesize)."""
     from concur.synthesize import checkpoint_path, generate_candidates, write_candidates
 
-    label = generator_name if model_name == "base" else f"{generator_name}+{model_name}"
+    label = generator_name if adapter_dir is None else f"{generator_name}+{model_name}"
     frame = generate_candidates(pd.read_parquet(tasks_path), label, generator, model_specs, settings, language,
                                 settings["samples"], adapter=adapter_dir, checkpoint=checkpoint_path(out_path))
     write_candidates(frame, out_path)
 
 
-def run_scoring(verified_paths: dict, tasks_path, settings: dict, csv_path, markdown_path) -> None:
-    """Score every model's eval verdicts into scores.csv and scores.md."""
+def run_scoring(verified_paths: dict, tasks_path, difficulty_path, settings: dict, thresholds: dict,
+                models: dict[str, dict], outputs) -> None:
+    """Score every model's eval verdicts. `outputs` has .csv (scores.csv), .table_csv, .table_md and .difficulty;
+    `difficulty_path` is the difficulty model's eval candidates; `models` maps each model to its kind and
+    generator."""
     from concur.io import atomic_path, write_text
 
-    scores = score({model: pd.read_parquet(path) for model, path in verified_paths.items()},
-                   pd.read_parquet(tasks_path), settings)
-    with atomic_path(csv_path) as tmp:
-        scores.to_csv(tmp, index=False)
-    write_text(scores_markdown(scores), markdown_path)
+    tasks = pd.read_parquet(tasks_path)
+    ref = settings.get("difficulty_model", "base")
+    difficulty = task_difficulty(pd.read_parquet(difficulty_path), tasks, ref, float(thresholds["easy_below"]),
+                                 float(thresholds["hard_above"]))
+    scores = score({model: pd.read_parquet(path) for model, path in verified_paths.items()}, tasks, settings,
+                   difficulty)
+    table = results_table(scores, list(settings.get("pass_k", [1, 10])), models)
+    for frame, path in ((scores, outputs.csv), (table, outputs.table_csv), (difficulty, outputs.difficulty)):
+        with atomic_path(path) as tmp:
+            frame.to_csv(tmp, index=False)
+    write_text(table_markdown(scores, settings, models, difficulty, thresholds), outputs.table_md)

@@ -1,9 +1,13 @@
-"""Scoring primitives: the unbiased pass@k estimator and the geometric mean."""
+"""Scoring primitives: the unbiased pass@k estimator, the geometric mean and the ARL difficulty bands."""
 
 from __future__ import annotations
 
 import math
 from typing import Iterable
+
+import numpy as np
+
+DIFFICULTIES = ("Easy", "Medium", "Hard")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -40,3 +44,21 @@ def geomean(values: Iterable[float]) -> float:
     if any(v == 0 for v in data):
         return 0.0
     return math.exp(math.fsum(math.log(v) for v in data) / len(data))
+
+
+def check_thresholds(easy_below: float, hard_above: float) -> None:
+    if easy_below > hard_above:
+        raise ValueError(f"analyze: easy_below ({easy_below:g}) is above hard_above ({hard_above:g})")
+
+
+def difficulty(arl: float, easy_below: float, hard_above: float) -> str:
+    """The paper's bands of average reasoning length: Easy < easy_below <= Medium <= hard_above < Hard."""
+    if arl < easy_below:
+        return "Easy"
+    return "Hard" if arl > hard_above else "Medium"
+
+
+def difficulty_labels(arl, easy_below: float, hard_above: float) -> np.ndarray:
+    """`difficulty` for an array of ARLs (an object array of labels; NaN gives Medium, so callers drop NaN first)."""
+    arl = np.asarray(arl, dtype=float)
+    return np.select([arl < easy_below, arl > hard_above], ["Easy", "Hard"], "Medium").astype(object)
