@@ -72,7 +72,7 @@ def test_correct_candidate(kernelbench_batch):
     # same float ops in the same order as torch: bit-identical
     assert row.max_abs_err == 0.0
     assert row.ref_ms > 0 and row.new_ms > 0 and row.ref_median_ms > 0 and row.new_median_ms > 0
-    assert row.speedup == pytest.approx(row.ref_ms / row.new_ms)
+    assert row.speedup == pytest.approx(row.ref_ms / row.new_ms)  # kernelbench mode: means
     assert row.compile_s > 1.0  # a real build (fresh cache)
 
 
@@ -176,11 +176,14 @@ def verdict(facts: dict, mode: str = "hardened", timed_out: bool = False, return
     return decide_verdict(ChildOutcome(returncode, timed_out, facts, 1.0), {**SETTINGS, "mode": mode}, "cpu")
 
 
-def test_verdict_correct_uses_means_for_speedup():
+def test_verdict_speedup_from_medians_in_hardened_and_means_in_kernelbench():
     trial = {"checks": [{"name": "candidate_first", **PASS}, {"name": "candidate", **PASS, "max_abs_err": 0.004}]}
     v = verdict(facts_with([trial, trial], **TIMING))
-    assert (v["status"], v["speedup"], v["max_abs_err"], v["new_median_ms"]) == ("correct", 2.0, 0.004, 1.0)
+    assert (v["status"], v["speedup"], v["max_abs_err"], v["new_median_ms"]) == ("correct", 2.5, 0.004, 1.0)
+    assert (v["ref_ms"], v["new_ms"]) == (3.0, 1.5)  # the means are reported beside the medians
     assert (v["compile_s"], v["eval_s"]) == (2.0, 0.5)
+    kb_trial = {"checks": [{"name": "candidate", **PASS}]}
+    assert verdict(facts_with([kb_trial, kb_trial], **TIMING), mode="kernelbench")["speedup"] == 2.0
 
 
 def test_verdict_checks_named_in_reason():

@@ -157,3 +157,22 @@ def test_trial_plan_matches_kernelbench_seeds():
     assert [s for s, kind in plan if kind == "random"] == expected
     assert [s for s, kind in plan if kind == "signed"] == expected[:2]
     assert verify_child.trial_plan({"correctness_trials": 5, "mode": "kernelbench", "signed_trials": 2})[-1][1] == "random"
+
+
+def test_hardened_timing_runs_until_each_side_has_run_timing_min_s():
+    import time as clock
+
+    import torch
+
+    from concur.verify_child import MAX_TRIALS_FACTOR, time_models
+
+    def one_ms(x):
+        clock.sleep(0.001)
+        return x
+
+    spec = {"mode": "hardened", "warmup": 1, "timing_trials": 3, "timing_min_s": 0.05}
+    ref, new = time_models(one_ms, one_ms, [torch.zeros(1)], spec, torch.device("cpu"))
+    assert len(ref) == len(new) and 3 < len(ref) <= 3 * MAX_TRIALS_FACTOR
+    assert min(sum(ref), sum(new)) >= 50.0  # ms
+    ref, new = time_models(one_ms, one_ms, [torch.zeros(1)], {**spec, "mode": "kernelbench"}, torch.device("cpu"))
+    assert len(ref) == len(new) == 3  # KernelBench's fixed count

@@ -52,6 +52,7 @@ DEFAULT_SETTINGS = {
     "signed_trials": 2,
     "warmup": 3,
     "timing_trials": 100,
+    "timing_min_s": 0.1,  # hardened: time more trials until each side has run this long
     "atol": 1.0e-2,
     "rtol": 1.0e-2,
     "audit_speedup": 10.0,
@@ -715,7 +716,7 @@ def decide_verdict(outcome: ChildOutcome, settings: dict, label: str) -> dict:
     status, reason = classify(outcome, facts, compile_facts, evaluate, trials, settings)
     verdict.update(status=status, reason=_one_line(reason), correct=status == "correct")
     if status == "correct":
-        verdict.update(timing_fields(evaluate))
+        verdict.update(timing_fields(evaluate, settings["mode"]))
         verdict["flags"] = ",".join(audit_flags(verdict, evaluate, settings))
     return verdict
 
@@ -818,9 +819,12 @@ def _max_abs_err(trials: list[dict]) -> float:
     return float(max(errors)) if errors else math.nan
 
 
-def timing_fields(evaluate: dict) -> dict:
+def timing_fields(evaluate: dict, mode: str) -> dict:
+    """kernelbench: speedup of the means (KernelBench's runtime). hardened: of the medians, which one preempted or
+    interrupted trial does not move."""
     ref, new = evaluate["ref_timing"], evaluate["new_timing"]
-    speedup = ref["mean_ms"] / new["mean_ms"] if new["mean_ms"] > 0 else math.inf
+    stat = "median_ms" if mode == "hardened" else "mean_ms"
+    speedup = ref[stat] / new[stat] if new[stat] > 0 else math.inf
     return {
         "ref_ms": ref["mean_ms"], "new_ms": new["mean_ms"],
         "ref_median_ms": ref["median_ms"], "new_median_ms": new["median_ms"], "speedup": speedup,

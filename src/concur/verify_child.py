@@ -29,6 +29,7 @@ NONCE_ENV = "CONCUR_VERIFY_NONCE"
 GPU_LOCK_ENV = "CONCUR_GPU_LOCK"
 WARMUP_MIN_S = 0.2  # hardened: warm up at least this long, so the GPU's clocks have settled before timing
 SEED = 42
+MAX_TRIALS_FACTOR = 100  # hardened: at most this many times timing_trials while filling timing_min_s
 PCH_CFLAGS = ["-O3"]  # flags of the shared precompiled header; gcc ignores it for builds with incompatible flags
 LOCK_NAME = "extension.h.concur-lock"
 PCH_DIR_ENV = "CONCUR_PCH_DIR"  # set when builds go through concur.pch_cxx (clang and its shared PCH)
@@ -610,7 +611,8 @@ def time_models(model, model_new, inputs, spec: dict, device) -> tuple[list[floa
 
     kernelbench: warm-ups, then the reference's trials, then the candidate's. hardened: warm-ups until the GPU has
     run for a while (clocks settle), then the trials interleaved (reference and candidate alternate, order flipped
-    each trial), so a clock change or a neighbour's load lands on both sides of the ratio."""
+    each trial), so a clock change or a neighbour's load lands on both sides of the ratio, and more trials until each
+    side has run `timing_min_s` (short kernels: a 50 µs kernel's 100 trials are 5 ms, too few for a stable median)."""
     import torch
 
     hardened = spec["mode"] == "hardened"
@@ -632,10 +634,14 @@ def time_models(model, model_new, inputs, spec: dict, device) -> tuple[list[floa
             synchronize(device)
             if done + 1 >= spec["warmup"] and time.perf_counter() >= warm_until:
                 break
-        for trial in range(spec["timing_trials"]):
+        budget_ms = 1000.0 * float(spec.get("timing_min_s", 0.0))
+        most = spec["timing_trials"] * MAX_TRIALS_FACTOR
+        trial = 0
+        while trial < spec["timing_trials"] or (min(map(sum, times)) < budget_ms and trial < most):
             for side in ((0, 1) if trial % 2 == 0 else (1, 0)):
                 fn, args = models[side]
                 times[side].append(timed_call(fn, args, device, flush))
+            trial += 1
     return times[0], times[1]
 
 
