@@ -1,13 +1,11 @@
 """The README's main job, end to end: the default config on the built-in suite and the demo generations.
 
-One Snakemake run (the slowest test: minutes, mostly C++ builds), then assertions on the contents of every
-artifact, each checked against what its inputs make it (the demo generations say what each response was written
-to do; see resources/demo/README.md).
+One Snakemake run (the slowest test: minutes, mostly C++ builds; shared with the SLURM test, tests/conftest.py),
+then assertions on the contents of every artifact, each checked against what its inputs make it (the demo
+generations say what each response was written to do; see resources/demo/README.md).
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -23,13 +21,10 @@ EXPECTED_STATUS = {"correct_fast": "correct", "correct_slow": "correct", "wrong_
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("demo") / "results"
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--config", f"results={out}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1800)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return out
+@pytest.fixture
+def results(demo_results) -> Path:
+    """The session's one demo run (tests/conftest.py)."""
+    return demo_results
 
 
 def shards(results: Path, kind: str) -> pd.DataFrame:

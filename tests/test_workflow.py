@@ -27,12 +27,15 @@ def job_counts(output: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
 
 
+DEFAULT_JOBS = {
+    "all": 1, "tasks": 1, "synthesize": 2, "compile": 2, "verify": 2, "curate": 1, "train": 1,
+    "eval_generate": 2, "eval_compile": 2, "eval_verify": 2, "eval_score": 1, "analyze": 1,
+}  # fmt: skip
+
+
 def test_dry_run_lists_every_job_of_the_default_config(tmp_path):
     out = snakemake("-n", "--config", f"results={tmp_path}/results")
-    assert job_counts(out.stdout) == {
-        "all": 1, "tasks": 1, "synthesize": 2, "compile": 2, "verify": 2, "curate": 1, "train": 1,
-        "eval_generate": 2, "eval_compile": 2, "eval_verify": 2, "eval_score": 1, "analyze": 1,
-    }
+    assert job_counts(out.stdout) == DEFAULT_JOBS
 
 
 def test_shard_count_comes_from_config(tmp_path):
@@ -136,6 +139,57 @@ def test_bad_config_stops_with_one_clear_line(tmp_path):
 def test_lint_is_clean():
     out = snakemake("--lint", check=False)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# the commands of Debian's slurm-client, slurmctld, slurmd and munge packages
+SLURM_COMMANDS = {"sacct", "sacctmgr", "salloc", "sattach", "sbatch", "sbcast", "scancel", "scontrol", "sdiag", "sinfo",
+                  "sprio", "squeue", "sreport", "srun", "sshare", "sstat", "strigger", "slurmctld", "slurmd",
+                  "slurmstepd", "munge", "munged", "remunge", "unmunge"}  # fmt: skip
+GPU_RULES = {"synthesize", "verify", "train", "eval_generate", "eval_verify"}
+
+
+def path_without_slurm(folder: Path) -> str:
+    """A PATH of one folder linking every command of this PATH but SLURM's: this machine as one without SLURM."""
+    folder.mkdir()
+    for entry in os.environ["PATH"].split(os.pathsep):
+        for command in sorted(Path(entry).iterdir()) if Path(entry).is_dir() else []:
+            link = folder / command.name
+            if command.name not in SLURM_COMMANDS and not link.is_symlink() and os.access(command, os.X_OK):
+                link.symlink_to(command)
+    return str(folder)
+
+
+def job_resources(output: str) -> list[tuple[str, dict[str, str]]]:
+    """(rule, resources) of every job of a dry run, the jobs inside group jobs included."""
+    found, rule = [], None
+    for line in map(str.strip, output.splitlines()):
+        if match := re.fullmatch(r"(?:local)?rule (\w+):", line):
+            rule = match[1]
+        elif line.startswith("resources: ") and rule:
+            found.append((rule, dict(item.split("=", 1) for item in line.removeprefix("resources: ").split(", "))))
+            rule = None
+    return found
+
+
+def test_slurm_profile_plans_the_workflow_without_slurm(tmp_path):
+    """Profile lint: `snakemake -n --profile slurm` from the repository root on a machine without SLURM. The
+    profile parses, the plan is the default one, each job asks for the partition the profile gives its rule and
+    for the GPUs of its config section (one each with the SLURM test's overlay), and the groups are formed."""
+    path = path_without_slurm(tmp_path / "bin")
+    assert not any(shutil.which(command, path=path) for command in ("sbatch", "sinfo", "squeue", "sacct"))
+    proc = snakemake("-n", "--profile", "slurm", "--configfile", "tests/slurm/gpus.yaml", "--config",
+                     f"results={tmp_path}/results", env={"PATH": path})  # fmt: skip
+    assert "Using profile slurm" in proc.stdout + proc.stderr
+    assert job_counts(proc.stdout) == DEFAULT_JOBS
+    resources = job_resources(proc.stdout)
+    assert len(resources) == sum(DEFAULT_JOBS.values())
+    for rule, asked in resources:
+        if rule in GPU_RULES:
+            assert asked["slurm_partition"] == "gpu" and asked["gpu"] == "1", (rule, asked)
+        else:
+            assert asked["slurm_partition"] == "cpu" and asked.get("gpu", "0") == "0", (rule, asked)
+    # both compile shards in one group job (group-components: compile=4), eval_score and analyze in another
+    assert proc.stdout.count("Group job compile") == 1 and proc.stdout.count("Group job report") == 1
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz not installed")

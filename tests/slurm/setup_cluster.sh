@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A one-node SLURM cluster on localhost for the `slurm` tests: partitions `cpu` and `gpu`, two fake GPUs.
+# A one-node SLURM cluster on localhost for the `slurm` tests: partitions `cpu` and `gpu`, two fake GPUs, and a
+# default partition `other` that a job lands in only if the profile named none.
 #   setup_cluster.sh DIR   (the cluster's files go to DIR/concur-slurm-state)
 # Installs Debian's slurmctld, slurmd, slurm-client and munge when missing (root and apt needed), writes
 # slurm.conf (linked from /etc/slurm), starts the daemons and waits until the node is idle. The PIDs of what it
@@ -25,7 +26,9 @@ install_packages() {
 # gres/gpu needs device files: a count-only GRES leaves the node invalid
 fake_gpus() {
   for i in 0 1; do
-    [ -e /dev/nvidia$i ] || { mknod /dev/nvidia$i c 195 $i && echo /dev/nvidia$i >>"$STATE/created"; }
+    [ -e /dev/nvidia$i ] && continue
+    mknod /dev/nvidia$i c 195 $i 2>/dev/null || skip "cannot create the fake GPU device files (mknod /dev/nvidia$i)"
+    echo /dev/nvidia$i >>"$STATE/created"
   done
 }
 
@@ -82,7 +85,8 @@ MinJobAge=900
 InactiveLimit=0
 KillWait=5
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem Gres=gpu:2 State=UNKNOWN
-PartitionName=cpu Nodes=$node Default=YES MaxTime=INFINITE State=UP
+PartitionName=other Nodes=$node Default=YES MaxTime=INFINITE State=UP
+PartitionName=cpu Nodes=$node MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes=$node MaxTime=INFINITE State=UP
 EOF
   echo "Name=gpu File=/dev/nvidia[0-1]" >"$STATE/gres.conf"
