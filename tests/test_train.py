@@ -202,13 +202,19 @@ def test_an_example_inside_a_packed_row_sees_only_itself(tokenizer, trainers):
 
 
 def test_packed_and_padded_batches_give_the_same_loss(trainers):
-    """The trainer's loss on the packed row equals its loss on the padded batch of the same two examples."""
+    """The loss on the packed row equals the loss on the padded batch of the same two examples, through TRL's fused
+    LM head (what CUDA runs use) and through the model's own cross-entropy (the CPU) alike."""
     losses = {}
     for packing, trainer in trainers.items():
         batch = trainer.data_collator(list(trainer.train_dataset))
-        with torch.no_grad():
-            losses[packing] = trainer.compute_loss(trainer.model, dict(batch)).item()
-    assert losses[True] == pytest.approx(losses[False], abs=1e-4)
+        for fused in (True, False):
+            trainer.fused_loss = fused
+            with torch.no_grad():
+                losses[packing, fused] = trainer.compute_loss(trainer.model, dict(batch)).item()
+        trainer.fused_loss = False
+    assert losses[False, False] > 1.0
+    for key, loss in losses.items():
+        assert loss == pytest.approx(losses[False, False], abs=1e-4), key
 
 
 # --- training -----------------------------------------------------------------------------------------------------
@@ -228,19 +234,19 @@ def plotted(png: Path) -> dict:
 
 def test_packed_training_lowers_the_loss_and_writes_the_adapter(tokenizer, trainers, fresh_model, tmp_path):
     out_dir, figure = tmp_path / "adapter", tmp_path / "figures" / "train_loss_adapter.png"
-    settings = {**SETTINGS, "packing": True}
+    settings = {**SETTINGS, "packing": True, "epochs": 3, "learning_rate": 5e-3}
     summary = train.train_adapter([ADD, LONG, RELU], SPEC, settings, out_dir, figure_path=figure)
     examples = [train.masked_example(tokenizer, r["messages"], 256) for r in (ADD, RELU)]
     n_target = sum(train.n_target_tokens(e) for e in examples)
     n_input = sum(len(e["input_ids"]) for e in examples)
 
-    assert (summary["n_records"], summary["n_dropped"], summary["n_rows"], summary["steps"]) == (3, 1, 1, 4)
+    assert (summary["n_records"], summary["n_dropped"], summary["n_rows"], summary["steps"]) == (3, 1, 1, 3)
     assert summary["n_target_tokens"] == n_target and summary["packing"] is True
     log = read_log(out_dir)
     # batch_size 2 >= the one packed row: every step sees the same batch, so the losses are comparable
-    assert [e["step"] for e in log] == [1, 2, 3, 4]
-    assert [e["tokens"] for e in log] == [n_target * k for k in (1, 2, 3, 4)]
-    assert [e["input_tokens"] for e in log] == [e["padded_tokens"] for e in log] == [n_input * k for k in (1, 2, 3, 4)]
+    assert [e["step"] for e in log] == [1, 2, 3]
+    assert [e["tokens"] for e in log] == [n_target * k for k in (1, 2, 3)]
+    assert [e["input_tokens"] for e in log] == [e["padded_tokens"] for e in log] == [n_input * k for k in (1, 2, 3)]
     assert all(e["tokens_per_s"] > 0 and e["step_time_s"] > 0 for e in log)
     assert log[-1]["loss"] < 0.8 * log[0]["loss"]
     # the first step's loss is the untrained model's: the same as on the padded batch
@@ -249,7 +255,7 @@ def test_packed_training_lowers_the_loss_and_writes_the_adapter(tokenizer, train
         start_loss = padded.compute_loss(padded.model, padded.data_collator(list(padded.train_dataset))).item()
     assert log[0]["loss"] == pytest.approx(start_loss, abs=1e-4)
     assert summary["final_loss"] == log[-1]["loss"]
-    assert summary["tokens_per_s"] == pytest.approx(4 * n_target / sum(e["step_time_s"] for e in log), rel=1e-3)
+    assert summary["tokens_per_s"] == pytest.approx(3 * n_target / sum(e["step_time_s"] for e in log), rel=1e-3)
 
     for name in ("adapter_config.json", "adapter_model.safetensors", "train_log.jsonl", "train_summary.json",
                  "tokenizer_config.json", "loss.png"):
@@ -257,7 +263,7 @@ def test_packed_training_lowers_the_loss_and_writes_the_adapter(tokenizer, train
     config = json.loads((out_dir / "adapter_config.json").read_text())
     assert config["r"] == 8 and sorted(config["target_modules"]) == ["q_proj", "v_proj"]
     assert not (out_dir / ".staging").exists() and not (out_dir / "training_args.bin").exists()
-    assert json.loads((out_dir / "train_summary.json").read_text())["steps"] == 4
+    assert json.loads((out_dir / "train_summary.json").read_text())["steps"] == 3
 
     # the figure: what it plots is what train_log.jsonl holds; the declared copy is the same file
     drawn = plotted(out_dir / "loss.png")
@@ -279,18 +285,18 @@ def test_the_loss_figure_plots_the_log(tmp_path):
 
 def test_a_second_run_with_more_epochs_resumes_from_the_checkpoint(tokenizer, fresh_model, tmp_path):
     out_dir = tmp_path / "adapter"
-    settings = {**SETTINGS, "batch_size": 1, "epochs": 1, "lr_scheduler": "cosine"}  # unpacked, 2 steps per epoch
+    settings = {**SETTINGS, "epochs": 1, "lr_scheduler": "cosine"}  # unpacked, both records in 1 step an epoch
     first = train.train_adapter([ADD, RELU], SPEC, settings, out_dir, log_path=tmp_path / "first.log")
-    assert first["steps"] == 2 and (out_dir / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
+    assert first["steps"] == 1 and (out_dir / "checkpoints" / "checkpoint-1" / "trainer_state.json").is_file()
 
     second = train.train_adapter([ADD, RELU], SPEC, {**settings, "epochs": 2}, out_dir, log_path=tmp_path / "second.log")
-    assert second["steps"] == 4
+    assert second["steps"] == 2
     second_log = (tmp_path / "second.log").read_text()
-    assert "resume from " + str(out_dir / "checkpoints" / "checkpoint-2") in second_log
-    assert [line.split()[1] for line in second_log.splitlines() if line.startswith("step ")] == ["3", "4"]
+    assert "resume from " + str(out_dir / "checkpoints" / "checkpoint-1") in second_log
+    assert [line.split()[1] for line in second_log.splitlines() if line.startswith("step ")] == ["2"]
     log = read_log(out_dir)
-    assert [e["step"] for e in log] == [1, 2, 3, 4]
-    assert log[1]["tokens"] == first["n_target_tokens"] and log[3]["tokens"] == 2 * first["n_target_tokens"]
+    assert [e["step"] for e in log] == [1, 2]
+    assert [e["tokens"] for e in log] == [first["n_target_tokens"], 2 * first["n_target_tokens"]]
     assert all(e["padded_tokens"] >= e["input_tokens"] > e["tokens"] for e in log)
 
 

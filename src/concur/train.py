@@ -38,7 +38,7 @@ from typing import Any
 
 import pandas as pd
 import torch
-from transformers import PrinterCallback, TrainerCallback, TrainingArguments, set_seed
+from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments, set_seed
 from trl import SFTConfig, SFTTrainer
 
 from concur import io
@@ -448,6 +448,7 @@ def _build_trainer(records, model_spec, settings, tokenizer, args, device: str, 
         callbacks=[_ProgressCallback(log_path)],
     )
     trainer.remove_callback(PrinterCallback)  # one JSON line per step goes to train_log.jsonl instead
+    trainer.fused_loss = device == "cuda"
     return trainer
 
 
@@ -604,8 +605,14 @@ class _ConcurSFTTrainer(SFTTrainer):
 
     `tokens`: target tokens trained on so far; `input_tokens`: all tokens the model read, padding excluded;
     `padded_tokens`: positions processed, padding included; `*_per_s`: over the wall time of the step.
+
+    `fused_loss` (set on CUDA): TRL's loss, through its fused LM head, which never builds the full logits of a long
+    sequence (gigabytes for 20K tokens and a 150K vocabulary) but also computes entropy and top-1 accuracy for
+    TRL's metrics in every step. Off (the CPU): the model's own cross-entropy, the same loss (tests/test_train.py)
+    without that extra work, a quarter of a step's compute for SmolLM2-135M, whose LM head is a large share.
     """
 
+    fused_loss = True
     _pending: torch.Tensor | None = None
     _totals: list[int] | None = None
     _clock: float | None = None
@@ -613,7 +620,11 @@ class _ConcurSFTTrainer(SFTTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.training:
             self._count(inputs)
-        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        if self.fused_loss:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        return Trainer.compute_loss(self, model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)
 
     def _count(self, inputs: dict) -> None:
         labels = inputs["labels"]
