@@ -300,12 +300,13 @@ def train_adapter(
     trainer = _build_trainer(kept, model_spec, settings, tokenizer, args, device, log_path)
     n_target = sum(n_target_tokens(e) for e in examples)
     _check_labels(trainer.train_dataset, n_target)
-    if settings["packing"] and settings["batch_size"] > 1:
+    if settings["packing"] and settings["batch_size"] > 1 and main_process:
         _note(log_path, "train: packing flattens the batch_size packed rows of a batch into one row; with sdpa or "
                         "eager attention its cost grows with the square of that row's length: prefer batch_size 1 "
                         "and gradient_accumulation_steps")
     rows = "packed rows" if settings["packing"] else "examples"
-    _note(log_path, f"train: {len(kept)} examples ({n_dropped} dropped) in {len(trainer.train_dataset)} {rows}, "
+    note = _note if main_process else lambda *_: None  # one line per launch, not one per process
+    note(log_path, f"train: {len(kept)} examples ({n_dropped} dropped) in {len(trainer.train_dataset)} {rows}, "
                     f"{n_target} target tokens per epoch, on {device} x{args.world_size}, resume from {resume}")
     with warnings.catch_warnings():
         # peft looks for the base model's config.json to check the vocabulary; a GGUF folder has none
