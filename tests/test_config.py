@@ -31,6 +31,17 @@ def test_paper_config_is_valid():
     assert cfg["train"]["lora"] == {"r": 32, "alpha": 32, "dropout": 0.05,
                                     "target_modules": cfg["train"]["lora"]["target_modules"]}
     assert cfg["train"]["epochs"] == 3
+    assert (cfg["train"]["gpus"], cfg["train"]["distributed"], cfg["train"]["packing"]) == (8, "fsdp", True)
+    assert cfg["train"]["max_length"] >= 16384
+
+
+def test_train_keys_default_from_the_schema(default):
+    trimmed = copy.deepcopy(default)
+    for key in ("packing", "merge", "gpus"):
+        trimmed["train"].pop(key, None)
+    train = config.validate(trimmed)["train"]
+    assert (train["packing"], train["merge"], train["gpus"], train["distributed"]) == (False, False, 0, "fsdp")
+    assert (train["max_steps"], train["save_steps"]) == (0, 0) and "accelerate_config" not in train
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -40,6 +51,8 @@ def test_paper_config_is_valid():
     (lambda c: c["tasks"].update(shards=0), "tasks.shards: 0 is less than the minimum of 1"),
     (lambda c: c["synthesize"].update(generator="nope"), "synthesize.generator 'nope' is not a generators entry"),
     (lambda c: c["train"].update(base_model="nope"), "train.base_model 'nope' is not a models entry"),
+    (lambda c: c["train"].update(distributed="horovod"), "train.distributed: 'horovod' is not one of"),
+    (lambda c: c["train"].update(packing="yes"), "train.packing: 'yes' is not of type 'boolean'"),
     (lambda c: c["train"].update(adapters=["concur", "min"]) or c["curate"].update(ablations=["max"]),
      "need the matching curate.ablations"),
     (lambda c: c["generators"]["demo-teacher"].pop("tokenizer"), "the replay backend needs 'tokenizer'"),
