@@ -1,9 +1,19 @@
 rule train:
-    """LoRA SFT of the base model on one curated table (the ConCuR dataset or an ablation subset)."""
+    """LoRA SFT of the base model on one curated table (the ConCuR dataset or an ablation subset).
+
+    TRL's SFTTrainer in this job's process on the CPU or one GPU; with train.gpus > 1 the job runs
+    `accelerate launch --num_processes <train.gpus> --config_file configs/accelerate/<train.distributed>.yaml`.
+    """
     input:
         adapter_dataset,
     output:
-        directory(results("adapters", "{adapter}")),
+        adapter=directory(results("adapters", "{adapter}")),
+        figure=report(
+            results("figures", "train_loss_{adapter}.png"),
+            caption="../report/train_loss.rst",
+            category="Training",
+            subcategory="{adapter}",
+        ),
     params:
         settings=config["train"],
         model=config["models"][config["train"]["base_model"]],

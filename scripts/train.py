@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from concur.logs import logging_to
 from concur.train import run
 
@@ -6,5 +8,7 @@ with logging_to(snakemake.log[0]):
         dataset_path=snakemake.input[0],
         model_spec=snakemake.params.model,
         settings=snakemake.params.settings,
-        out_dir=snakemake.output[0],
+        out_dir=snakemake.output.adapter,
+        figure_path=snakemake.output.figure,
+        accelerate_configs=Path(snakemake.scriptdir).parent / "configs" / "accelerate",
     )

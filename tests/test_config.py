@@ -36,6 +36,17 @@ def test_paper_config_is_valid():
     assert (evaluate["pass_k"], evaluate["samples"], evaluate["difficulty_model"]) == ([1, 10], 10, "base")
     assert evaluate["baselines"] == [] and 1 in evaluate["fast_p"]
     assert cfg["analyze"] == {"bin_width": 512, "easy_below": 4000, "hard_above": 8500}
+    assert (cfg["train"]["gpus"], cfg["train"]["distributed"], cfg["train"]["packing"]) == (8, "fsdp", True)
+    assert cfg["train"]["max_length"] >= 16384
+
+
+def test_train_keys_default_from_the_schema(default):
+    trimmed = copy.deepcopy(default)
+    for key in ("packing", "merge", "gpus"):
+        trimmed["train"].pop(key, None)
+    train = config.validate(trimmed)["train"]
+    assert (train["packing"], train["merge"], train["gpus"], train["distributed"]) == (False, False, 0, "fsdp")
+    assert (train["max_steps"], train["save_steps"]) == (0, 0) and "accelerate_config" not in train
 
 
 def test_evaluation_defaults(default):
@@ -62,6 +73,8 @@ def test_a_baseline_can_be_the_difficulty_model(default):
     (lambda c: c["tasks"].update(shards=0), "tasks.shards: 0 is less than the minimum of 1"),
     (lambda c: c["synthesize"].update(generator="nope"), "synthesize.generator 'nope' is not a generators entry"),
     (lambda c: c["train"].update(base_model="nope"), "train.base_model 'nope' is not a models entry"),
+    (lambda c: c["train"].update(distributed="horovod"), "train.distributed: 'horovod' is not one of"),
+    (lambda c: c["train"].update(packing="yes"), "train.packing: 'yes' is not of type 'boolean'"),
     (lambda c: c["train"].update(adapters=["concur", "min"]) or c["curate"].update(ablations=["max"]),
      "need the matching curate.ablations"),
     (lambda c: c["generators"]["demo-teacher"].pop("tokenizer"), "the replay backend needs 'tokenizer'"),

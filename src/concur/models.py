@@ -28,8 +28,12 @@ def load_tokenizer(spec: dict):
     return _cached_tokenizer(_tokenizer_key(spec))
 
 
-def load_model(spec: dict, device: str = "cpu"):
-    """The spec's causal LM on `device`, in eval mode. dtype "auto": bfloat16 on cuda, float32 elsewhere."""
+def load_model(spec: dict, device: str | None = "cpu"):
+    """The spec's causal LM on `device`, in eval mode. dtype "auto": bfloat16 on cuda, float32 elsewhere.
+
+    device None leaves the weights where loading put them (the CPU, or the meta device on the processes of an FSDP
+    launch that receive theirs from the main process), for a distributed trainer to place.
+    """
     from transformers import AutoModelForCausalLM
 
     source = resolve_path(spec)
@@ -39,7 +43,9 @@ def load_model(spec: dict, device: str = "cpu"):
         kwargs.update(_dense_gguf_kwargs())
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     _forget_gguf_quantizer(model)
-    return model.to(device).eval()
+    if device is not None:
+        model = model.to(device)
+    return model.eval()
 
 
 def _dense_gguf_kwargs() -> dict[str, Any]:
