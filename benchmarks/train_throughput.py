@@ -53,6 +53,16 @@ def synthetic_records(tokenizer, n: int, min_tokens: int, max_tokens: int, seed:
     return records
 
 
+def random_weights_model(config_dir: Path, out: Path) -> str:
+    """A model folder at `out` with the architecture of config_dir/config.json, random weights, and its tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(config_dir)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(out)
+    AutoTokenizer.from_pretrained(config_dir).save_pretrained(out)
+    return str(out)
+
+
 def _prompt(index: int) -> str:
     return f"Write a fused CUDA kernel for program {index}: out = relu(x @ w + b). Return the full module."
 
@@ -136,6 +146,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="a local Hugging Face folder or hub id (default: SmolLM2-135M GGUF, offline)")
     parser.add_argument("--gguf-file", help="GGUF file inside --model")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="--model is a folder with only config.json and tokenizer files: build the model with "
+                             "random weights (a step costs the same), e.g. to measure a large architecture offline")
     parser.add_argument("--dtype", default="auto", choices=models.DTYPES)
     parser.add_argument("--records", type=int, default=256)
     parser.add_argument("--min-tokens", type=int, default=64, help="shortest conversation, tokens")
@@ -153,13 +166,17 @@ def main(argv: list[str] | None = None) -> dict:
     spec = {"path": args.model, "dtype": args.dtype} if args.model else {**DEMO_MODEL, "dtype": args.dtype}
     if args.gguf_file:
         spec["gguf_file"] = args.gguf_file
-    tokenizer = models.load_tokenizer(spec)
-    records = synthetic_records(tokenizer, args.records, args.min_tokens, args.max_tokens, args.seed)
+    if args.random_weights and not args.model:
+        parser.error("--random-weights needs --model (a folder with config.json and the tokenizer's files)")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else "cpu"
-    print(f"model {spec}, device {device}, {len(records)} records of {args.min_tokens}-{args.max_tokens} tokens, "
-          f"max_length {args.max_length}, {args.batch_size} examples/rows a step, "
-          f"{args.warmup} warm-up + {args.steps} timed steps per mode", flush=True)
     with tempfile.TemporaryDirectory(prefix="concur-train-bench-") as folder:
+        if args.random_weights:
+            spec["path"] = random_weights_model(Path(args.model), Path(folder) / "model")
+        tokenizer = models.load_tokenizer(spec)
+        records = synthetic_records(tokenizer, args.records, args.min_tokens, args.max_tokens, args.seed)
+        print(f"model {spec}, device {device}, {len(records)} records of {args.min_tokens}-{args.max_tokens} "
+              f"tokens, max_length {args.max_length}, {args.batch_size} examples/rows a step, "
+              f"{args.warmup} warm-up + {args.steps} timed steps per mode", flush=True)
         results = [measure(records, spec, args, packing, Path(folder)) for packing in (False, True)]
     print(table(results), flush=True)
     report = {"device": device, "model": spec, "args": vars(args), "results": results,
