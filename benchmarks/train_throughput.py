@@ -80,8 +80,8 @@ def measure(records, spec, args, packing: bool, folder: Path) -> dict:
         "lr_scheduler": "constant",
         "warmup_ratio": 0.0,
         "max_length": args.max_length,
-        "batch_size": 1 if packing else args.batch_size,
-        "gradient_accumulation_steps": args.batch_size if packing else 1,
+        "batch_size": args.rows_per_micro_batch if packing else args.batch_size,
+        "gradient_accumulation_steps": args.batch_size // args.rows_per_micro_batch if packing else 1,
         "packing": packing,
         "seed": args.seed,
         "gpus": 1 if on_cuda else 0,
@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=2048, help="longest conversation, tokens")
     parser.add_argument("--max-length", type=int, default=2048, help="train.max_length (packed row length)")
     parser.add_argument("--batch-size", type=int, default=8, help="examples (unpacked) or packed rows a step")
+    parser.add_argument("--rows-per-micro-batch", type=int, default=1,
+                        help="packed rows flattened into one micro-batch (divides --batch-size); above 1 only with "
+                             "--attn-implementation flash_attention_2 or flex_attention")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per mode")
     parser.add_argument("--warmup", type=int, default=2, help="optimizer steps left out of the timing")
     parser.add_argument("--lora-r", type=int, default=16)
@@ -169,6 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
         spec["gguf_file"] = args.gguf_file
     if args.attn_implementation:
         spec["attn_implementation"] = args.attn_implementation
+    if args.batch_size % args.rows_per_micro_batch:
+        parser.error("--rows-per-micro-batch must divide --batch-size")
     if args.random_weights and not args.model:
         parser.error("--random-weights needs --model (a folder with config.json and the tokenizer's files)")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else "cpu"
