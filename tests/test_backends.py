@@ -8,6 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pandas as pd
 import pytest
+import torch
 
 from concur.backends import Generation, OpenAIBackend, ReplayBackend, Request, TransformersBackend
 from concur.synthesize import checkpoint_path, generate_candidates, generate_resumable
@@ -415,27 +416,32 @@ def test_replay_resume_keeps_checkpointed_samples(tmp_path):
 
 
 def test_transformers_skips_checkpointed_samples_and_resumes(tmp_path):
-    """The backend's batching and skipping, with the model call replaced: loading SmolLM2 twice is too slow."""
-    calls = []
+    """The backend's batching, prompt cache and skipping, with the model calls replaced: loading SmolLM2 twice is
+    too slow. The run is killed after the first answer of sample 1 of the first batch."""
+    calls, kill = [], {"now": True}
 
-    def fake_sample(batch, sample_idx, seed):
-        calls.append(([r.task_id for r in batch], sample_idx, seed))
-        if len(calls) == 3:
-            raise RuntimeError("killed")
-        for req in batch:
-            yield Generation(req.task_id, sample_idx, f"out {seed}", "stop", seed)
+    def fake_sample(batch, rows, enc, prefix, sample_idx):
+        calls.append(([batch[k][0].task_id for k in rows], sample_idx, prefix, len(enc["input_ids"])))
+        for k in rows:
+            yield Generation(batch[k][0].task_id, sample_idx, "out", "stop", 7 + sample_idx)
+            if sample_idx == 1 and kill["now"]:
+                raise RuntimeError("killed")
 
     backend = TransformersBackend.__new__(TransformersBackend)
     backend.settings = {**SETTINGS, "batch_size": 2}
+    backend._encode = lambda requests: {"input_ids": torch.zeros(len(requests), 3)}
+    backend._prompt_cache = lambda enc: f"cache of {len(enc['input_ids'])}"
     backend._sample = fake_sample
     requests = [Request(f"t/{i}", "p") for i in range(3)]
     ckpt = tmp_path / "ck.jsonl"
     with pytest.raises(RuntimeError, match="killed"):
         generate_resumable(backend, requests, 2, ckpt, "fp")
-    assert calls == [(["t/0", "t/1"], 0, 7), (["t/2"], 0, 7), (["t/0", "t/1"], 1, 8)]
+    assert calls == [(["t/0", "t/1"], 0, "cache of 2", 2), (["t/0", "t/1"], 1, "cache of 2", 2)]
     calls.clear()
+    kill["now"] = False
     gens = generate_resumable(backend, requests, 2, ckpt, "fp")
-    assert calls == [(["t/0", "t/1"], 1, 8), (["t/2"], 1, 8)]
+    # left: t/1 sample 1, t/2 samples 0 and 1, in one batch; sample 0 for t/2 alone, without the batch's cache
+    assert calls == [(["t/2"], 0, None, 1), (["t/1", "t/2"], 1, "cache of 2", 2)]
     assert sorted((g.task_id, g.sample_idx, g.seed) for g in gens) == [
         (f"t/{i}", j, 7 + j) for i in range(3) for j in range(2)]
 

@@ -79,3 +79,53 @@ def test_tokenizer_is_loaded_once_per_spec():
     assert first.pad_token is not None
     # "Hello" in SmolLM2's vocabulary is a single token
     assert len(first("Hello", add_special_tokens=False)["input_ids"]) == 1
+
+
+def test_a_gguf_model_is_read_from_its_dense_copy_after_the_first_load(tmp_path, monkeypatch):
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    models._cached_tokenizer.cache_clear()
+    tokenizer, model = models.load_tokenizer(SPEC), models.load_model(SPEC)
+    [folder] = tmp_path.iterdir()
+    assert sorted(p.name for p in folder.iterdir()) == ["model-float32", "tokenizer"]  # no temporary left
+    models._cached_tokenizer.cache_clear()
+    copy_tokenizer, copy_model = models.load_tokenizer(SPEC), models.load_model(SPEC)
+    assert Path(copy_model.name_or_path) == folder / "model-float32"
+    chat = [{"role": "user", "content": "Fuse relu"}, {"role": "assistant", "content": "<think>\nok\n</think>\n\ndone"}]
+    text = tokenizer.apply_chat_template(chat, tokenize=False)
+    assert copy_tokenizer.apply_chat_template(chat, tokenize=False) == text
+    ids = tokenizer(text)["input_ids"]
+    assert copy_tokenizer(text)["input_ids"] == ids and copy_tokenizer.pad_token == tokenizer.pad_token
+    with torch.no_grad():
+        assert torch.equal(copy_model(torch.tensor([ids])).logits, model(torch.tensor([ids])).logits)
+    models._cached_tokenizer.cache_clear()
+
+
+def test_dense_copy_key_follows_the_file_and_the_cache_can_be_off(tmp_path, monkeypatch):
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
+    first = models._dense_copy(str(tmp_path), "m.gguf", "tokenizer")
+    assert first.parent.parent == tmp_path / "cache" and first.name == "tokenizer"
+    (tmp_path / "m.gguf").write_bytes(b"GGUF, changed")
+    assert models._dense_copy(str(tmp_path), "m.gguf", "tokenizer") != first
+    assert models._dense_copy("HuggingFaceTB/SmolLM2-135M-Instruct", "m.gguf", "tokenizer") is None  # hub: no copy
+    monkeypatch.setenv(models.CACHE_ENV, "off")
+    assert models._dense_copy(str(tmp_path), "m.gguf", "tokenizer") is None
+
+
+def test_a_cache_that_cannot_be_written_costs_only_speed(tmp_path, caplog):
+    def fail(path):
+        Path(path).mkdir()
+        raise OSError("read-only file system")
+
+    models._store(tmp_path / "model-float32", fail)
+    assert list(tmp_path.iterdir()) == [] and "could not cache" in caplog.text
+
+
+def test_attention_implementation_comes_from_the_spec(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path)
+    assert models.load_model({"path": str(tmp_path)}).config._attn_implementation == "sdpa"
+    eager = models.load_model({"path": str(tmp_path), "attn_implementation": "eager"})
+    assert eager.config._attn_implementation == "eager"

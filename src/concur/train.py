@@ -300,7 +300,7 @@ def train_adapter(
     trainer = _build_trainer(kept, model_spec, settings, tokenizer, args, device, log_path)
     n_target = sum(n_target_tokens(e) for e in examples)
     _check_labels(trainer.train_dataset, n_target)
-    if settings["packing"] and settings["batch_size"] > 1 and main_process:
+    if settings["packing"] and settings["batch_size"] > 1 and main_process and not _varlen_attention(model_spec):
         _note(log_path, "train: packing flattens the batch_size packed rows of a batch into one row; with sdpa or "
                         "eager attention its cost grows with the square of that row's length: prefer batch_size 1 "
                         "and gradient_accumulation_steps")
@@ -329,6 +329,11 @@ def train_adapter(
     io.write_json(summary, out_dir / "train_summary.json")  # written last: marks a finished adapter
     _note(log_path, f"train: done, {summary['steps']} steps, final loss {summary['final_loss']}")
     return summary
+
+
+def _varlen_attention(model_spec: dict) -> bool:
+    """Whether the model's attention skips the blocks between the examples of a flattened packed batch."""
+    return str(model_spec.get("attn_implementation", "")).startswith(("flash", "flex", "kernels-community/flash"))
 
 
 def _summary(records, examples, n_dropped, trainer, log, model_spec, settings, device) -> dict:
