@@ -48,6 +48,23 @@ def stop(pid_file: Path, grace_s: float = 10) -> None:
             time.sleep(0.2)
 
 
+def cancel_jobs(slurm_conf: Path, wait_s: float = 30) -> None:
+    """Cancel the cluster's unfinished jobs (a failed or timed-out run leaves them) and wait until they are gone:
+    stopping slurmd alone would leave their processes running."""
+    env = {**os.environ, "SLURM_CONF": str(slurm_conf)}
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            queue = subprocess.run(["squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i"], capture_output=True, text=True,
+                                   env=env, timeout=10)  # fmt: skip
+            if queue.returncode != 0 or not queue.stdout.split():
+                return
+            subprocess.run(["scancel", *queue.stdout.split()], capture_output=True, env=env, timeout=10)
+        except subprocess.TimeoutExpired:
+            return
+        time.sleep(1)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """SLURM_CONF of a running one-node cluster; its daemons are stopped afterwards by their PIDs."""
@@ -61,6 +78,8 @@ def cluster(tmp_path_factory):
         assert proc.returncode == 0, f"setup_cluster.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         yield state / "slurm.conf"
     finally:
+        if (state / "slurmctld.pid").is_file():
+            cancel_jobs(state / "slurm.conf")
         for name in DAEMON_PIDS:
             stop(state / name)
         created = state / "created"  # the config links in /etc/slurm, the fake GPU device files
@@ -159,10 +178,8 @@ def test_compile_shards_run_as_one_group_job(runs):
 
 def test_artifacts_equal_the_local_run(runs):
     local, remote, _ = runs
-    for split in ("train", "eval"):
-        pd.testing.assert_frame_equal(
-            pd.read_parquet(local / "tasks" / f"{split}.parquet"), pd.read_parquet(remote / "tasks" / f"{split}.parquet")
-        )
+    for split in ("tasks/train.parquet", "tasks/eval.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(local / split), pd.read_parquet(remote / split))
     pd.testing.assert_frame_equal(shards(local, "candidates"), shards(remote, "candidates"))
     pd.testing.assert_frame_equal(build_outcomes(local), build_outcomes(remote))
     verdicts = ["candidate_id", "status", "compiled", "correct"]  # timings, and so speedups, differ between runs

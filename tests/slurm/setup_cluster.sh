@@ -19,8 +19,10 @@ install_packages() {
   [ "$(id -u)" = 0 ] || skip "SLURM is not installed and installing it needs root"
   command -v apt-get >/dev/null || skip "SLURM is not installed and there is no apt-get to install it"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2 || skip "apt-get update failed"
-  apt-get install -y -qq slurmctld slurmd slurm-client munge >&2 || skip "apt-get install of SLURM failed"
+  local apt=(timeout 300 apt-get -qq -o Acquire::Retries=1 -o Acquire::http::Timeout=30)
+  "${apt[@]}" update >&2 || skip "apt-get update failed"
+  "${apt[@]}" install -y --no-install-recommends slurmctld slurmd slurm-client munge >&2 \
+    || skip "apt-get install of SLURM failed"
 }
 
 # gres/gpu needs device files: a count-only GRES leaves the node invalid
@@ -92,6 +94,8 @@ EOF
   echo "Name=gpu File=/dev/nvidia[0-1]" >"$STATE/gres.conf"
 }
 
+other_running() { kill -0 "$(cat "$1/slurmctld.pid" 2>/dev/null)" 2>/dev/null; }
+
 # The jobstep plugin drops SLURM_CONF for the srun inside each job, so the configuration must sit at SLURM's
 # default path: linked there, unless a configuration of another cluster is already in place.
 link_default_config() {
@@ -100,7 +104,9 @@ link_default_config() {
   for name in slurm.conf gres.conf; do
     if [ -e $etc/$name ] || [ -L $etc/$name ]; then
       case "$(readlink $etc/$name)" in
-        */concur-slurm-state/$name) rm $etc/$name ;;  # left by an earlier test run
+        */concur-slurm-state/$name)  # another test cluster's: left behind, unless its slurmctld still runs
+          other_running "$(dirname "$(readlink $etc/$name)")" && skip "another SLURM test cluster is running"
+          rm $etc/$name ;;
         *) skip "$etc/$name exists: this machine has its own SLURM configuration" ;;
       esac
     fi
