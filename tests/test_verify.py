@@ -186,6 +186,19 @@ def test_verdict_speedup_from_medians_in_hardened_and_means_in_kernelbench():
     assert verdict(facts_with([kb_trial, kb_trial], **TIMING), mode="kernelbench")["speedup"] == 2.0
 
 
+def test_hardened_cuda_speedup_counts_side_stream_work_only_when_the_candidate_leaves_some():
+    trial = {"checks": [{"name": "candidate_first", **PASS}, {"name": "candidate", **PASS}]}
+    ref = {"mean_ms": 0.16, "median_ms": 0.15, "device_mean_ms": 0.19, "device_median_ms": 0.18}  # 30 us round trip
+    honest = {"mean_ms": 0.07, "median_ms": 0.06, "device_mean_ms": 0.10, "device_median_ms": 0.09}
+    v = verdict(facts_with([trial, trial], ref_timing=ref, new_timing=honest))
+    assert v["speedup"] == pytest.approx(2.5) and v["flags"] == ""  # the stream times: no host latency in the ratio
+    # its kernel ran on a side stream: the current stream saw 5 us, the device was busy 0.3 ms
+    side = {"mean_ms": 0.005, "median_ms": 0.005, "device_mean_ms": 0.33, "device_median_ms": 0.33}
+    v = verdict(facts_with([trial, trial], ref_timing=ref, new_timing=side))
+    assert v["speedup"] == pytest.approx(0.18 / 0.33) and v["new_median_ms"] == 0.33
+    assert v["flags"] == "timing:untimed_stream_work"
+
+
 def test_verdict_checks_named_in_reason():
     nan_check = {"name": "candidate", **PASS, "ok_finite": False, "detail": "output 0: non-finite values"}
     assert verdict(facts_with([{"checks": [nan_check]}]))["reason"] == "trial 1: non_finite output 0: non-finite values"

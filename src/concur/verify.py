@@ -61,6 +61,7 @@ DEFAULT_SETTINGS = {
     "host_compiler": "auto",  # C++ compiler of the extensions' host code: auto (clang++ when found), clang or gcc
 }
 PCH_TIMEOUT_S = 900
+UNTIMED_SHARE, UNTIMED_FLOOR_MS = 0.25, 0.005  # side-stream work counted once it is this much of the candidate's time
 POLL_S = 0.2
 TERMINAL_BUILDS = ("no_code", "rejected", "compile_error", "timeout")
 BUILD_ENV_KEYS = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME")
@@ -495,8 +496,10 @@ def needs_build(job: Job, settings: dict, cache_root: Path) -> bool:
 
 
 def uses_torch_pch(settings: dict) -> bool:
-    """torch's own (gcc) precompiled header serves CPU builds with gcc; clang builds use concur.pch_cxx's."""
-    return settings["device"] == "cpu" and settings.get("host_compiler", "gcc") == "gcc"
+    """torch's own (gcc) precompiled header serves builds with gcc: CPU extensions, and the C++ binding unit of CUDA
+    ones (gcc picks extension.h.gch up by itself wherever the flags agree; nvcc's units never use it). clang builds
+    use concur.pch_cxx's."""
+    return settings.get("host_compiler", "gcc") == "gcc"
 
 
 def prepare_pch(settings: dict, workdir: Path) -> None:
@@ -821,14 +824,26 @@ def _max_abs_err(trials: list[dict]) -> float:
 
 def timing_fields(evaluate: dict, mode: str) -> dict:
     """kernelbench: speedup of the means (KernelBench's runtime). hardened: of the medians, which one preempted or
-    interrupted trial does not move."""
+    interrupted trial does not move; on CUDA, of the current stream's times unless the candidate left work on other
+    streams (`untimed_stream_work`), then of the device-wide times of both models."""
     ref, new = evaluate["ref_timing"], evaluate["new_timing"]
-    stat = "median_ms" if mode == "hardened" else "mean_ms"
+    prefix = "device_" if untimed_stream_work(ref, new) else ""
+    stat = f"{prefix}median_ms" if mode == "hardened" else "mean_ms"
     speedup = ref[stat] / new[stat] if new[stat] > 0 else math.inf
     return {
-        "ref_ms": ref["mean_ms"], "new_ms": new["mean_ms"],
-        "ref_median_ms": ref["median_ms"], "new_median_ms": new["median_ms"], "speedup": speedup,
+        "ref_ms": ref[f"{prefix}mean_ms"], "new_ms": new[f"{prefix}mean_ms"],
+        "ref_median_ms": ref[f"{prefix}median_ms"], "new_median_ms": new[f"{prefix}median_ms"], "speedup": speedup,
     }  # fmt: skip
+
+
+def untimed_stream_work(ref: dict, new: dict) -> bool:
+    """True when the device-wide time exceeds the current stream's time by more for the candidate than for the
+    reference: the gap is one host round trip for work on one stream, and grows by whatever ran on side streams."""
+    if "device_median_ms" not in ref or "device_median_ms" not in new:
+        return False
+    ref_gap = ref["device_median_ms"] - ref["median_ms"]
+    new_gap = new["device_median_ms"] - new["median_ms"]
+    return new_gap - ref_gap > max(UNTIMED_SHARE * new["median_ms"], UNTIMED_FLOOR_MS)
 
 
 def audit_flags(verdict: dict, evaluate: dict, settings: dict) -> list[str]:
@@ -836,6 +851,8 @@ def audit_flags(verdict: dict, evaluate: dict, settings: dict) -> list[str]:
     flags = []
     if verdict["speedup"] > float(settings["audit_speedup"]):
         flags.append(f"audit:speedup>{settings['audit_speedup']:g}")
+    if untimed_stream_work(evaluate["ref_timing"], evaluate["new_timing"]):
+        flags.append("timing:untimed_stream_work")
     profile = evaluate.get("profile")
     if profile is not None and not profile.get("kernels"):
         flags.append("profiler_saw_no_kernels")

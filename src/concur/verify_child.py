@@ -583,49 +583,59 @@ def l2_flush_buffer(device):
     return torch.empty(2 * l2_bytes, dtype=torch.uint8, device=device)
 
 
-def timed_call(model, inputs, device, flush) -> float:
-    """One call's runtime in ms. CUDA: events and a sync after the call (KernelBench); with `flush` (hardened) the
-    L2 cache is flushed before it and a device-wide sync sits inside the timed region, so work the call left on side
-    streams is counted."""
+def timed_call(model, inputs, device, flush) -> float | tuple[float, float]:
+    """One call's runtime in ms. CUDA: events and a sync after the call (KernelBench).
+
+    With `flush` (hardened): (stream_ms, device_ms). The L2 flush is queued just before the start event and not
+    waited for, so the GPU is still zeroing the buffer while the CPU queues the call: the host's launch latency stays
+    out of stream_ms, which is the call's own GPU time on the current stream. device_ms ends at an event recorded
+    after a device-wide synchronisation, so it also counts work the call left on side streams, plus a host round
+    trip that is the same for both models; the parent compares the two (see verify.timing_fields)."""
     import torch
 
     if device.type != "cuda":
         start_s = time.perf_counter()
         model(*inputs)
         return (time.perf_counter() - start_s) * 1000.0
-    if flush is not None:
-        flush.zero_()
-        torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if flush is None:
+        start.record()
+        model(*inputs)
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+    after_sync = torch.cuda.Event(enable_timing=True)
+    flush.zero_()
     start.record()
     model(*inputs)
-    if flush is not None:
-        torch.cuda.synchronize()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end)
+    after_sync.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end), start.elapsed_time(after_sync)
 
 
-def time_models(model, model_new, inputs, spec: dict, device) -> tuple[list[float], list[float]]:
-    """Per-trial runtimes (ms) of the reference and the candidate, each called on its own copy of the inputs.
+def time_models(model, model_new, inputs, spec: dict, device) -> tuple[dict, dict]:
+    """Per-trial runtimes (ms) of the reference and the candidate, each called on its own copy of the inputs, as
+    {"stream": [...], "device": [...]} per model ("device" only for hardened CUDA timing, see `timed_call`).
 
     kernelbench: warm-ups, then the reference's trials, then the candidate's. hardened: warm-ups until the GPU has
     run for a while (clocks settle), then the trials interleaved (reference and candidate alternate, order flipped
     each trial), so a clock change or a neighbour's load lands on both sides of the ratio, and more trials until each
-    side has run `timing_min_s` (short kernels: a 50 µs kernel's 100 trials are 5 ms, too few for a stable median)."""
+    side has run `timing_min_s` (short kernels: a 50 us kernel's 100 trials are 5 ms, too few for a stable median)."""
     import torch
 
     hardened = spec["mode"] == "hardened"
     flush = l2_flush_buffer(device) if hardened else None
     models = [(model, fresh_copy(inputs)), (model_new, fresh_copy(inputs))]
-    times: list[list[float]] = [[], []]
+    times: list[dict] = [{"stream": [], "device": []}, {"stream": [], "device": []}]
     with torch.no_grad():
         if not hardened:
             for side, (fn, args) in enumerate(models):
                 for _ in range(spec["warmup"]):
                     fn(*args)
                 synchronize(device)
-                times[side] = [timed_call(fn, args, device, None) for _ in range(spec["timing_trials"])]
+                times[side]["stream"] = [timed_call(fn, args, device, None) for _ in range(spec["timing_trials"])]
             return times[0], times[1]
         warm_until = time.perf_counter() + WARMUP_MIN_S
         for done in range(10**6):
@@ -637,18 +647,26 @@ def time_models(model, model_new, inputs, spec: dict, device) -> tuple[list[floa
         budget_ms = 1000.0 * float(spec.get("timing_min_s", 0.0))
         most = spec["timing_trials"] * MAX_TRIALS_FACTOR
         trial = 0
-        while trial < spec["timing_trials"] or (min(map(sum, times)) < budget_ms and trial < most):
+        while trial < spec["timing_trials"] or (min(sum(t["stream"]) for t in times) < budget_ms and trial < most):
             for side in ((0, 1) if trial % 2 == 0 else (1, 0)):
                 fn, args = models[side]
-                times[side].append(timed_call(fn, args, device, flush))
+                measured = timed_call(fn, args, device, flush)
+                stream_ms, device_ms = measured if isinstance(measured, tuple) else (measured, None)
+                times[side]["stream"].append(stream_ms)
+                if device_ms is not None:
+                    times[side]["device"].append(device_ms)
             trial += 1
     return times[0], times[1]
 
 
-def summary(times: list[float]) -> dict:
-    mean = statistics.fmean(times)
-    spread = statistics.pstdev(times) / mean if len(times) > 1 and mean > 0 else 0.0
-    return {"mean_ms": mean, "median_ms": statistics.median(times), "cv": spread, "n": len(times)}
+def summary(times: dict) -> dict:
+    stream = times["stream"]
+    mean = statistics.fmean(stream)
+    spread = statistics.pstdev(stream) / mean if len(stream) > 1 and mean > 0 else 0.0
+    facts = {"mean_ms": mean, "median_ms": statistics.median(stream), "cv": spread, "n": len(stream)}
+    if times.get("device"):
+        facts.update(device_mean_ms=statistics.fmean(times["device"]), device_median_ms=statistics.median(times["device"]))
+    return facts
 
 
 def own_kernel_names(source: str) -> list[str]:
