@@ -128,6 +128,11 @@ def compile_settings():
     return {key: value for key, value in verify_settings().items() if key in COMPILE_KEYS + ["build_cache"]}
 
 
+def verify_mem_mb(wildcards, threads):
+    """Host memory of a verify job: each of its `threads` children holds torch, a CUDA context and its inputs."""
+    return max(16000, 4000 * threads)
+
+
 def gpus(section):
     """GPUs a rule family asks for (0 on the CPU default)."""
     return config[section]["gpus"]

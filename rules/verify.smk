@@ -41,7 +41,7 @@ rule verify:
     threads: config["verify"]["workers"]
     resources:
         gpu=gpus("verify"),
-        mem_mb=16000,
+        mem_mb=verify_mem_mb,
         runtime=6 * 60,
     script:
         "../scripts/verify.py"

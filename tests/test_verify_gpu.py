@@ -101,3 +101,5 @@ def test_side_stream_work_is_timed_in_hardened_mode(verdicts):
     # it repeats the fast kernel 20 times: counted, it cannot beat eager by much
     assert hardened.speedup < 1.0
     assert kernelbench.speedup > 3 * hardened.speedup
+    assert "timing:untimed_stream_work" in hardened.flags  # timed device-wide, not on its launching stream
+    assert not str(verdicts["hardened"].loc["fast", "flags"]).startswith("timing:")  # one stream: stream times

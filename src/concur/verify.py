@@ -496,10 +496,10 @@ def needs_build(job: Job, settings: dict, cache_root: Path) -> bool:
 
 
 def uses_torch_pch(settings: dict) -> bool:
-    """torch's own (gcc) precompiled header serves builds with gcc: CPU extensions, and the C++ binding unit of CUDA
-    ones (gcc picks extension.h.gch up by itself wherever the flags agree; nvcc's units never use it). clang builds
-    use concur.pch_cxx's."""
-    return settings.get("host_compiler", "gcc") == "gcc"
+    """torch's own (gcc) precompiled header serves CPU builds with gcc; clang builds use concur.pch_cxx's. CUDA builds
+    go without: on an H100 node gcc refused the header for their binding unit ("created by a different GCC
+    executable"), so building it cost 49 s and saved nothing."""
+    return settings["device"] == "cpu" and settings.get("host_compiler", "gcc") == "gcc"
 
 
 def prepare_pch(settings: dict, workdir: Path) -> None:

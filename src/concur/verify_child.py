@@ -29,6 +29,7 @@ NONCE_ENV = "CONCUR_VERIFY_NONCE"
 GPU_LOCK_ENV = "CONCUR_GPU_LOCK"
 WARMUP_MIN_S = 0.2  # hardened: warm up at least this long, so the GPU's clocks have settled before timing
 SEED = 42
+PAD_MS = (0.02, 1.0)  # hardened CUDA timing: bounds of the GPU spin queued before each timed call (see launch_pad)
 MAX_TRIALS_FACTOR = 100  # hardened: at most this many times timing_trials while filling timing_min_s
 PCH_CFLAGS = ["-O3"]  # flags of the shared precompiled header; gcc ignores it for builds with incompatible flags
 LOCK_NAME = "extension.h.concur-lock"
@@ -583,12 +584,12 @@ def l2_flush_buffer(device):
     return torch.empty(2 * l2_bytes, dtype=torch.uint8, device=device)
 
 
-def timed_call(model, inputs, device, flush) -> float | tuple[float, float]:
+def timed_call(model, inputs, device, flush, pad_cycles: int = 0) -> float | tuple[float, float]:
     """One call's runtime in ms. CUDA: events and a sync after the call (KernelBench).
 
-    With `flush` (hardened): (stream_ms, device_ms). The L2 flush is queued just before the start event and not
-    waited for, so the GPU is still zeroing the buffer while the CPU queues the call: the host's launch latency stays
-    out of stream_ms, which is the call's own GPU time on the current stream. device_ms ends at an event recorded
+    With `flush` (hardened): (stream_ms, device_ms). The L2 flush and a GPU spin of `pad_cycles` are queued just
+    before the start event and not waited for, so the GPU is still busy while the CPU queues the call: the host's
+    launch latency stays out of stream_ms, which is the call's own GPU time on the current stream. device_ms ends at an event recorded
     after a device-wide synchronisation, so it also counts work the call left on side streams, plus a host round
     trip that is the same for both models; the parent compares the two (see verify.timing_fields)."""
     import torch
@@ -606,6 +607,8 @@ def timed_call(model, inputs, device, flush) -> float | tuple[float, float]:
         return start.elapsed_time(end)
     after_sync = torch.cuda.Event(enable_timing=True)
     flush.zero_()
+    if pad_cycles:
+        torch.cuda._sleep(pad_cycles)
     start.record()
     model(*inputs)
     end.record()
@@ -638,25 +641,47 @@ def time_models(model, model_new, inputs, spec: dict, device) -> tuple[dict, dic
                 times[side]["stream"] = [timed_call(fn, args, device, None) for _ in range(spec["timing_trials"])]
             return times[0], times[1]
         warm_until = time.perf_counter() + WARMUP_MIN_S
+        enqueue_s: list[float] = []
         for done in range(10**6):
             for fn, args in models:
+                queued = time.perf_counter()
                 fn(*args)
+                enqueue_s.append(time.perf_counter() - queued)
             synchronize(device)
             if done + 1 >= spec["warmup"] and time.perf_counter() >= warm_until:
                 break
+        pad_cycles = launch_pad(device, enqueue_s[len(enqueue_s) // 2 :]) if flush is not None else 0
         budget_ms = 1000.0 * float(spec.get("timing_min_s", 0.0))
         most = spec["timing_trials"] * MAX_TRIALS_FACTOR
         trial = 0
         while trial < spec["timing_trials"] or (min(sum(t["stream"]) for t in times) < budget_ms and trial < most):
             for side in ((0, 1) if trial % 2 == 0 else (1, 0)):
                 fn, args = models[side]
-                measured = timed_call(fn, args, device, flush)
+                measured = timed_call(fn, args, device, flush, pad_cycles)
                 stream_ms, device_ms = measured if isinstance(measured, tuple) else (measured, None)
                 times[side]["stream"].append(stream_ms)
                 if device_ms is not None:
                     times[side]["device"].append(device_ms)
             trial += 1
     return times[0], times[1]
+
+
+def launch_pad(device, enqueue_s: list[float]) -> int:
+    """GPU clock cycles to spin before each timed call: twice the longest time the host took to queue a call (the
+    later warm-ups), within PAD_MS, so the GPU never waits on the CPU inside the timed region. 0 without the spin."""
+    import torch
+
+    if not hasattr(torch.cuda, "_sleep") or not enqueue_s:
+        return 0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    probe_cycles = 1_000_000
+    start.record()
+    torch.cuda._sleep(probe_cycles)
+    end.record()
+    torch.cuda.synchronize()
+    cycles_per_ms = probe_cycles / max(start.elapsed_time(end), 1e-3)
+    pad_ms = min(max(2000.0 * max(enqueue_s), PAD_MS[0]), PAD_MS[1])
+    return int(pad_ms * cycles_per_ms)
 
 
 def summary(times: dict) -> dict:
