@@ -101,7 +101,8 @@ def main() -> None:
     per_hour_sequential = 3600.0 * n / (compile_wall + verify_wall)
     results = {
         "device": verdicts["device"].iloc[0], "candidates": n, "compile_workers": args.compile_workers,
-        "workers": args.workers, "verify_copies": args.verify_copies, "host_compiler": resolved["host_compiler"], "repeats": repeat_rows,
+        "workers": args.workers, "verify_copies": args.verify_copies, "host_compiler": resolved["host_compiler"],
+        "repeats": repeat_rows,
         "compile_wall_s": compile_wall, "verify_wall_s": verify_wall, "gpu_s_per_candidate": gpu_s,
         "compile_s_per_candidate_amortized": compile_s, "build_s_median": float(builds["compile_s"].median()),
         "candidates_per_hour_pipelined": per_hour_pipelined, "candidates_per_hour_sequential": per_hour_sequential,

@@ -584,27 +584,28 @@ def l2_flush_buffer(device):
     return torch.empty(2 * l2_bytes, dtype=torch.uint8, device=device)
 
 
-def timed_call(model, inputs, device, flush, pad_cycles: int = 0) -> float | tuple[float, float]:
-    """One call's runtime in ms. CUDA: events and a sync after the call (KernelBench).
+def timed_call(model, inputs, device, flush, pad_cycles: int = 0) -> tuple[float, float | None]:
+    """One call's runtime in ms as (stream_ms, device_ms); device_ms is None except in hardened CUDA timing.
+    CUDA: events and a sync after the call (KernelBench).
 
-    With `flush` (hardened): (stream_ms, device_ms). The L2 flush and a GPU spin of `pad_cycles` are queued just
-    before the start event and not waited for, so the GPU is still busy while the CPU queues the call: the host's
-    launch latency stays out of stream_ms, which is the call's own GPU time on the current stream. device_ms ends at an event recorded
-    after a device-wide synchronisation, so it also counts work the call left on side streams, plus a host round
-    trip that is the same for both models; the parent compares the two (see verify.timing_fields)."""
+    With `flush` (hardened): the L2 flush and a GPU spin of `pad_cycles` are queued just before the start event and
+    not waited for, so the GPU is still busy while the CPU queues the call: the host's launch latency stays out of
+    stream_ms, which is the call's own GPU time on the current stream. device_ms ends at an event recorded after a
+    device-wide synchronisation, so it also counts work the call left on side streams, plus a host round trip that
+    is the same for both models; the parent compares the two (see verify.timing_fields)."""
     import torch
 
     if device.type != "cuda":
         start_s = time.perf_counter()
         model(*inputs)
-        return (time.perf_counter() - start_s) * 1000.0
+        return (time.perf_counter() - start_s) * 1000.0, None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     if flush is None:
         start.record()
         model(*inputs)
         end.record()
         torch.cuda.synchronize()
-        return start.elapsed_time(end)
+        return start.elapsed_time(end), None
     after_sync = torch.cuda.Event(enable_timing=True)
     flush.zero_()
     if pad_cycles:
@@ -638,7 +639,7 @@ def time_models(model, model_new, inputs, spec: dict, device) -> tuple[dict, dic
                 for _ in range(spec["warmup"]):
                     fn(*args)
                 synchronize(device)
-                times[side]["stream"] = [timed_call(fn, args, device, None) for _ in range(spec["timing_trials"])]
+                times[side]["stream"] = [timed_call(fn, args, device, None)[0] for _ in range(spec["timing_trials"])]
             return times[0], times[1]
         warm_until = time.perf_counter() + WARMUP_MIN_S
         enqueue_s: list[float] = []
@@ -657,8 +658,7 @@ def time_models(model, model_new, inputs, spec: dict, device) -> tuple[dict, dic
         while trial < spec["timing_trials"] or (min(sum(t["stream"]) for t in times) < budget_ms and trial < most):
             for side in ((0, 1) if trial % 2 == 0 else (1, 0)):
                 fn, args = models[side]
-                measured = timed_call(fn, args, device, flush, pad_cycles)
-                stream_ms, device_ms = measured if isinstance(measured, tuple) else (measured, None)
+                stream_ms, device_ms = timed_call(fn, args, device, flush, pad_cycles)
                 times[side]["stream"].append(stream_ms)
                 if device_ms is not None:
                     times[side]["device"].append(device_ms)
@@ -689,8 +689,8 @@ def summary(times: dict) -> dict:
     mean = statistics.fmean(stream)
     spread = statistics.pstdev(stream) / mean if len(stream) > 1 and mean > 0 else 0.0
     facts = {"mean_ms": mean, "median_ms": statistics.median(stream), "cv": spread, "n": len(stream)}
-    if times.get("device"):
-        facts.update(device_mean_ms=statistics.fmean(times["device"]), device_median_ms=statistics.median(times["device"]))
+    if device := times.get("device"):
+        facts.update(device_mean_ms=statistics.fmean(device), device_median_ms=statistics.median(device))
     return facts
 
 
