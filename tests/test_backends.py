@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from concur.backends import Generation, OpenAIBackend, ReplayBackend, Request, TransformersBackend
+from concur.backends import (PROMPT_TOO_LONG, Generation, OpenAIBackend, ReplayBackend, Request, StreamError,
+                             TransformersBackend, parse_choices, read_stream)
 from concur.synthesize import checkpoint_path, generate_candidates, generate_resumable
 
 TASK = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
@@ -29,6 +30,12 @@ class Server:
         self.reasoning = None
         self.reasoning_field = "reasoning_content"
         self.ignore_n = False  # answer one choice whatever `n` asks (servers without `n`)
+        self.usage = None  # the answer's usage instead of {"completion_tokens": 5 * n}; "absent": none
+        self.too_long_word = None  # prompts containing it are refused as longer than the context (HTTP 400)
+        self.cut_streams = 0  # that many streamed answers stop after their first event
+        self.models = ["served"]  # GET /models lists these; None: no such route (404)
+        self.models_status = 200
+        self.gets: list[str] = []
         self.delay = 0.0
         self.requests: list[dict] = []
         self.auth: list = []
@@ -56,14 +63,58 @@ class Server:
                         step = 200
                     time.sleep(outer.delay)
                     status, headers = step if isinstance(step, tuple) else (step, {})
-                    if over or (outer.bad_word and outer.bad_word in body["messages"][0]["content"]):
+                    prompt = body["messages"][0]["content"]
+                    if over or (outer.bad_word and outer.bad_word in prompt):
                         status = 400
-                    self.answer(status, headers, outer.completion(body) if status == 200 else {"error": "no"})
+                    if outer.too_long_word and outer.too_long_word in prompt:
+                        self.answer(400, {}, {"error": {"message": "This model's maximum context length is 64 "
+                                                                   "tokens. However, you requested 90 tokens",
+                                                        "code": "context_length_exceeded"}})
+                    elif status == 200 and body.get("stream"):
+                        self.answer_stream(body, outer.completion(body))
+                    else:
+                        self.answer(status, headers, outer.completion(body) if status == 200 else {"error": "no"})
                 except OSError:
                     pass  # the client gave up (its timeout) and closed the connection
                 finally:
                     with outer.lock:
                         outer.in_flight -= 1
+
+            def do_GET(self):
+                outer.gets.append(self.path)
+                if outer.models is None or not self.path.endswith("/models"):
+                    self.answer(404, {}, {"detail": "Not Found"})
+                elif outer.models_status != 200:
+                    self.answer(outer.models_status, {}, {"error": {"message": "Incorrect API key provided"}})
+                else:
+                    self.answer(200, {}, {"object": "list", "data": [{"id": m, "object": "model"}
+                                                                     for m in outer.models]})
+
+            def answer_stream(self, body, data):
+                """The answer as server-sent events: a role event, content and reasoning deltas a few characters at
+                a time, the finish reasons, a usage event when asked for, [DONE]."""
+                events = [{"choices": [{"index": c["index"], "delta": {"role": "assistant"}} for c in data["choices"]]}]
+                for choice in data["choices"]:
+                    msg, i = choice["message"], choice["index"]
+                    for field in (outer.reasoning_field, "content"):
+                        text = msg.get(field) or ""
+                        events += [{"choices": [{"index": i, "delta": {field: text[k:k + 4]}}]}
+                                   for k in range(0, len(text), 4)]
+                    events.append({"choices": [{"index": i, "delta": {}, "finish_reason": choice["finish_reason"]}]})
+                with outer.lock:
+                    cut = outer.cut_streams > 0
+                    outer.cut_streams -= cut
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                self.wfile.write(b": ping\n\n")
+                for event in events[:1] if cut else events:
+                    self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                if cut:
+                    return
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': data.get('usage')})}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
 
             def answer(self, status, headers, data):
                 raw = json.dumps(data).encode()
@@ -87,7 +138,9 @@ class Server:
             if self.reasoning:
                 msg[self.reasoning_field] = self.reasoning
             choices.append({"index": i, "message": msg, "finish_reason": "length" if i else "stop"})
-        return {"choices": choices, "usage": {"completion_tokens": 5 * n}}
+        if self.usage == "absent":
+            return {"choices": choices}
+        return {"choices": choices, "usage": self.usage if self.usage is not None else {"completion_tokens": 5 * n}}
 
     def stop(self):
         if self.thread.is_alive():
@@ -143,11 +196,42 @@ def test_timeout_is_retried(server):
 
 
 def test_connection_errors_are_retried_then_one_line(server):
-    server.stop()  # nothing listens on the port any more
     backend = OpenAIBackend(gen_config(server, max_retries=2), SETTINGS)
-    with pytest.raises(RuntimeError, match=r"failed after 3 attempts \(last: URLError\)") as info:
+    server.stop()  # nothing listens on the port any more
+    with pytest.raises(RuntimeError, match=r"failed after 3 attempts \(last: URLError: .*Connection refused\)") as info:
         list(backend.generate([Request("t/a", "p")], samples=1))
     assert "\n" not in str(info.value)
+
+
+def test_unreachable_url_fails_before_any_request(server, tmp_path):
+    server.stop()
+    ckpt = checkpoint_path(tmp_path / "shard-0.parquet")
+    ckpt.write_text("kept as it is\n")
+    with pytest.raises(RuntimeError, match=rf"^{server.url}/models: the list of served models failed after 2 "
+                                           r"attempts \(last: URLError: .*Connection refused\)$") as info:
+        generate_candidates(shard_tasks("a"), "g", gen_config(server, max_retries=1), {}, SETTINGS, "cuda", 1,
+                            checkpoint=ckpt)
+    assert "\n" not in str(info.value)
+    assert ckpt.read_text() == "kept as it is\n"  # the check comes before the checkpoint is opened
+
+
+def test_model_not_served_is_one_line_naming_what_is(server):
+    server.models = ["org/model-a", "org/model-b"]
+    with pytest.raises(RuntimeError, match=rf"^{server.url}/models: the server does not serve model 'served' "
+                                           r"\(it serves: org/model-a, org/model-b\)") as info:
+        OpenAIBackend(gen_config(server), SETTINGS)
+    assert "\n" not in str(info.value) and server.requests == []
+    OpenAIBackend(gen_config(server, check_model=False), SETTINGS)  # e.g. a deployment name no list shows
+
+
+def test_model_list_refusing_the_key_fails_but_a_missing_route_is_only_warned_about(server, caplog):
+    server.models_status = 401
+    with pytest.raises(RuntimeError, match="HTTP 401 for the list of served models: Incorrect API key provided"):
+        OpenAIBackend(gen_config(server), SETTINGS)
+    server.models = None  # the server has no GET /models
+    backend = OpenAIBackend(gen_config(server), SETTINGS)
+    assert "model 'served' not checked" in caplog.text
+    assert [g.response for g in backend.generate([Request("t/a", "p")], 1)] == ["answer seed 7 choice 0"]
 
 
 def test_gives_up_after_max_retries(server):
@@ -190,11 +274,111 @@ def test_n_samples_in_one_request_and_reasoning_field(server):
     assert [g.finish_reason for g in sorted(gens, key=lambda g: g.sample_idx)][::5] == ["stop", "length", "length"]
 
 
-def test_server_ignoring_n_is_one_clear_error(server):
+def test_server_ignoring_n_is_asked_again_for_the_missing_samples(server, caplog):
     server.ignore_n = True
+    backend = OpenAIBackend(gen_config(server, max_concurrency=1), SETTINGS)
+    gens = list(backend.generate([Request("t/a", "p"), Request("t/b", "p")], samples=3))
+    assert [body["n"] for body in server.requests] == [3, 2, 1] * 2
+    assert [body["seed"] for body in server.requests] == [7, 8, 9] * 2
+    assert sorted((g.task_id, g.sample_idx, g.seed, g.response) for g in gens) == [
+        (t, i, 7 + i, f"answer seed {7 + i} choice 0") for t in ("t/a", "t/b") for i in range(3)]
+    assert {g.completion_tokens for g in gens} == {5}  # each answer's own usage, not split
+    assert caplog.text.count("ignores `n`") == 1
+
+
+def test_server_answering_no_choice_or_too_many_is_one_clear_error(server):
     backend = OpenAIBackend(gen_config(server), SETTINGS)
-    with pytest.raises(RuntimeError, match="expected 2 choice.*request_n: false"):
-        list(backend.generate([Request("t/a", "p")], samples=2))
+    for choices in ([], [{"message": {"content": "x"}}] * 3):
+        with pytest.raises(RuntimeError, match=f"asked for 2 choice\\(s\\), the server returned {len(choices)}"):
+            parse_choices({"choices": choices}, Request("t/a", "p"), [0, 1], 7, backend.url)
+
+
+@pytest.mark.parametrize("usage, tokens, reasoning", [
+    ({"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52}, 12, None),  # llama.cpp, vLLM
+    ({"prompt_tokens": 40, "total_tokens": 52}, 12, None),  # a total only
+    ({"completion_tokens": 30, "completion_tokens_details": {"reasoning_tokens": 20}}, 30, 20),  # OpenAI reasoning
+    ({"completion_tokens": None}, None, None),
+    ("absent", None, None),  # no usage at all
+])
+def test_token_counts_from_the_usage_a_server_gives(server, tmp_path, usage, tokens, reasoning):
+    server.usage = usage
+    frame = generate_candidates(shard_tasks("a"), "g", gen_config(server), {}, SETTINGS, "cuda", 1)
+    (gen,) = OpenAIBackend(gen_config(server), SETTINGS).generate([Request("t/a", "p")], 1)
+    assert (gen.completion_tokens, gen.reasoning_tokens) == (tokens, reasoning)
+    assert (frame["completion_tokens"].iloc[0], frame["reasoning_tokens"].iloc[0]) == (tokens or 0, reasoning or 0)
+
+
+def test_usage_of_several_choices_is_split_with_a_warning(server, caplog):
+    server.usage = {"completion_tokens": 31, "completion_tokens_details": {"reasoning_tokens": 9}}
+    gens = list(OpenAIBackend(gen_config(server), SETTINGS).generate([Request("t/a", "p")], samples=3))
+    assert {(g.completion_tokens, g.reasoning_tokens) for g in gens} == {(10, 3)}
+    assert "each sample gets the mean" in caplog.text
+
+
+def test_prompt_too_long_is_recorded_not_checkpointed_and_asked_again(server, tmp_path, caplog):
+    tasks = shard_tasks("a", "b", marker="HUGE")
+    ckpt = checkpoint_path(tmp_path / "shard-0.parquet")
+    server.too_long_word = "HUGE"
+    frame = generate_candidates(tasks, "g", gen_config(server), {}, SETTINGS, "cuda", 2, checkpoint=ckpt)
+    by_task = frame.set_index("task_id")
+    assert list(by_task.loc["t/b", "finish_reason"]) == [PROMPT_TOO_LONG] * 2
+    assert list(by_task.loc["t/b", "response"]) == ["", ""] and list(by_task.loc["t/b", "code"]) == ["", ""]
+    assert set(by_task.loc["t/a", "finish_reason"]) == {"stop", "length"}
+    assert "maximum context length is 64 tokens" in caplog.text
+    assert {rec["task_id"] for rec in map(json.loads, ckpt.read_text().splitlines()[1:])} == {"t/a"}
+    server.requests.clear()
+    server.too_long_word = None  # served with a longer context now
+    frame = generate_candidates(tasks, "g", gen_config(server), {}, SETTINGS, "cuda", 2, checkpoint=ckpt)
+    assert requested_tasks(server) == ["b"] and PROMPT_TOO_LONG not in set(frame["finish_reason"])
+
+
+def test_a_failing_request_keeps_the_answers_in_flight(server, tmp_path):
+    """One task fails at once (HTTP 400) while another is being answered: the job fails, after checkpointing it."""
+    tasks = shard_tasks("a", "b", marker="BADTASK")
+    ckpt = checkpoint_path(tmp_path / "shard-0.parquet")
+    server.bad_word = "BADTASK"
+    server.script = [{"delay": 0.5}]  # the first request (task a) is slow
+    with pytest.raises(RuntimeError, match="HTTP 400"):
+        generate_candidates(tasks, "g", gen_config(server, max_concurrency=2), {}, SETTINGS, "cuda", 1,
+                            checkpoint=ckpt)
+    assert [json.loads(line)["task_id"] for line in ckpt.read_text().splitlines()[1:]] == ["t/a"]
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_streamed_answers_are_gathered_with_usage(server, field):
+    server.reasoning, server.reasoning_field = "a long thought", field
+    backend = OpenAIBackend(gen_config(server, stream=True), SETTINGS)
+    gens = sorted(backend.generate([Request("t/a", "p")], samples=2), key=lambda g: g.sample_idx)
+    body = server.requests[0]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True} and body["n"] == 2
+    assert [(g.response, g.reasoning, g.finish_reason, g.completion_tokens) for g in gens] == [
+        ("answer seed 7 choice 0", "a long thought", "stop", 5), ("answer seed 7 choice 1", "a long thought",
+                                                                   "length", 5)]
+
+
+def test_a_cut_off_stream_is_retried_and_idle_time_is_what_times_out(server):
+    server.cut_streams = 1
+    backend = OpenAIBackend(gen_config(server, stream=True), SETTINGS)
+    (gen,) = backend.generate([Request("t/a", "p")], samples=1)
+    assert len(server.requests) == 2 and gen.response == "answer seed 7 choice 0"
+    with pytest.raises(StreamError, match="ended before"):
+        read_stream([b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n'])
+    with pytest.raises(StreamError, match="error event: engine overloaded"):
+        read_stream([b'data: {"error": {"message": "engine overloaded"}}\n'])
+    # every choice finished: a stream that ends without [DONE] is complete
+    plain = read_stream([b'data: {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}]}\n'])
+    assert plain["choices"][0]["message"]["content"] == "x" and plain["usage"] is None
+
+
+def test_checkpoint_survives_a_new_server_address(server, tmp_path):
+    from concur.synthesize import checkpoint_fingerprint
+
+    a = gen_config(server)
+    b = {**a, "base_url": "http://elsewhere:8000/v1", "max_concurrency": 3, "stream": True, "request_timeout_s": 9}
+    assert checkpoint_fingerprint(a, SETTINGS, 2, "cuda", None) == checkpoint_fingerprint(b, SETTINGS, 2, "cuda", None)
+    for changed in ({**a, "model": "other"}, {**a, "request_n": False}):
+        assert checkpoint_fingerprint(changed, SETTINGS, 2, "cuda", None) != checkpoint_fingerprint(
+            a, SETTINGS, 2, "cuda", None)
 
 
 def test_api_key_from_the_named_env_var(server, monkeypatch):

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 import urllib.error
 import urllib.request
@@ -47,6 +48,7 @@ class Generation:
     seed: int
     reasoning: str | None = None  # a backend's separate reasoning field, when it has one
     completion_tokens: int | None = None  # the backend's own count, used when no tokenizer is configured
+    reasoning_tokens: int | None = None  # the server's count of reasoning tokens (openai usage), the same way
 
 
 class Backend(Protocol):
@@ -295,38 +297,105 @@ def completions(req: Request, output, seed: int) -> Iterator[Generation]:
 
 RETRY_STATUS = {408, 409, 429}  # and every 5xx
 MAX_BACKOFF_S = 120.0
+MODEL_LIST_TIMEOUT_S = 60.0
+# finish_reason of the samples of a prompt the server refused as longer than its context (their response is empty);
+# they are not checkpointed, so a rerun asks again (e.g. once the model is served with a longer context)
+PROMPT_TOO_LONG = "prompt_too_long"
+# how servers word that refusal: OpenAI and llama.cpp (code context_length_exceeded), vLLM ("maximum context
+# length", "longer than the maximum model length"), others ("context window", "prompt is too long")
+CONTEXT_ERROR = re.compile(r"context[ _]length|context window|maximum model length|prompt is too long", re.I)
+
+
+class ServerError(RuntimeError):
+    """An HTTP error that retrying does not cure (a 4xx other than 408/409/429), in one line."""
+
+    def __init__(self, url: str, status: int, what: str, detail: str):
+        super().__init__(f"{url}: HTTP {status} for {what}: {detail}")
+        self.status, self.detail = status, detail
+
+
+class StreamError(ValueError):
+    """An event stream cut off before its end, or an error event inside it (retried like a dropped connection)."""
 
 
 class OpenAIBackend:
     """An OpenAI-compatible chat-completions endpoint, at most `max_concurrency` requests in flight.
 
-    With `request_n` (default) one request asks for all of a prompt's missing samples (`n`); otherwise every
-    sample is its own request with seed `seed + sample_idx`. Failed requests are retried (see `post`)."""
+    Before any work the server must list `model` (GET /models), so a wrong name, a refused key or an unreachable
+    URL fails in one line. With `request_n` (default) one request asks for all of a prompt's missing samples
+    (`n`); a server that answers fewer choices (llama.cpp's ignores `n`) is asked again for the rest. Otherwise
+    every sample is its own request with seed `seed + sample_idx`. Failed requests are retried (see `call`); a
+    request that fails for good stops the job once the requests in flight are answered, so none of them is lost.
+    With `stream`, answers come as server-sent events: `request_timeout_s` then bounds the silence between two
+    events, not the whole generation, and a killed job's requests are cancelled by the server."""
 
     name = "openai"
 
     def __init__(self, generator: dict, settings: dict):
         self.api_key = api_key(generator)
-        self.url = generator["base_url"].rstrip("/") + "/chat/completions"
+        self.base_url = generator["base_url"].rstrip("/")
+        self.url = self.base_url + "/chat/completions"
         self.model = generator["model"]
         self.concurrency = int(generator.get("max_concurrency", 8))
         self.retries = int(generator.get("max_retries", 6))
         self.timeout = float(generator.get("request_timeout_s", 600))
         self.backoff = float(generator.get("backoff_s", 1.0))
         self.request_n = bool(generator.get("request_n", True))
+        self.stream = bool(generator.get("stream", False))
         self.settings = settings
+        self._warned: set[str] = set()
+        if generator.get("check_model", True):
+            self.check_model()
+
+    def check_model(self) -> None:
+        """GET /models (retried like any request) must list `model`. A server without that route is warned about
+        and not checked."""
+        url = self.base_url + "/models"
+        try:
+            data = call(url, None, self.api_key, min(self.timeout, MODEL_LIST_TIMEOUT_S), self.retries, self.backoff,
+                        "the list of served models")
+        except ServerError as err:
+            if err.status not in (404, 405, 501):
+                raise
+            log.warning("%s: HTTP %d, the server lists no models: model %r not checked", url, err.status, self.model)
+            return
+        listed = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(listed, list):
+            raise RuntimeError(f"{url}: the answer is not a list of models (base_url must be the API's root, "
+                               f"e.g. http://host:8000/v1)")
+        ids = [str(m.get("id")) for m in listed if isinstance(m, dict)]
+        if self.model not in ids:
+            shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+            raise RuntimeError(f"{url}: the server does not serve model {self.model!r} (it serves: "
+                               f"{shown or 'nothing'}); set the generator's `model` to a served name")
 
     def generate(self, requests: list[Request], samples: int,
                  skip: Collection[tuple[str, int]] = NOTHING) -> Iterator[Generation]:
         jobs = self._jobs(requests, samples, skip)
+        failure: BaseException | None = None
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             futures = [pool.submit(self._answer, req, indices) for req, indices in jobs]
             try:
                 for fut in as_completed(futures):
-                    yield from fut.result()
+                    if fut.cancelled():
+                        continue
+                    try:
+                        gens = fut.result()
+                    except Exception as err:  # raised below, once the answers already underway are in
+                        if failure is None:
+                            failure = err
+                            for other in futures:
+                                other.cancel()
+                            running = sum(other.running() for other in futures)
+                            if running:
+                                log.warning("%s; waiting for the %d request(s) in flight", err, running)
+                        continue
+                    yield from gens
             finally:
                 for fut in futures:
                     fut.cancel()
+        if failure is not None:
+            raise failure
 
     def _jobs(self, requests: list[Request], samples: int, skip) -> list[tuple[Request, list[int]]]:
         if self.request_n:
@@ -335,13 +404,45 @@ class OpenAIBackend:
         return [(r, [i]) for i in range(samples) for r in requests if (r.task_id, i) not in skip]
 
     def _answer(self, req: Request, indices: list[int]) -> list[Generation]:
+        """Every sample in `indices`, asking again for those a short answer left out."""
+        gens: list[Generation] = []
+        todo = list(indices)
+        while todo:
+            got = self._request(req, todo)
+            gens += got
+            todo = todo[len(got):]
+            if todo:
+                self._warn_once("n", "%s answered %d of %d choices (it ignores `n`): asking again for the rest, "
+                                "one request per missing sample", self.url, len(got), len(got) + len(todo))
+        return gens
+
+    def _request(self, req: Request, indices: list[int]) -> list[Generation]:
+        """One request for `indices`: Generations for the first k of them (k = the choices answered, at least 1)."""
         seed = int(self.settings["seed"]) + indices[0]
         body = {"model": self.model, "messages": chat(req.prompt), "temperature": self.settings["temperature"],
                 "top_p": self.settings["top_p"], "max_tokens": self.settings["max_new_tokens"], "seed": seed,
                 "n": len(indices)}
+        if self.stream:
+            body.update(stream=True, stream_options={"include_usage": True})
         what = f"{req.task_id} sample {indices[0]}" + (f"-{indices[-1]}" if len(indices) > 1 else "")
-        data = post(self.url, body, self.api_key, self.timeout, self.retries, self.backoff, what)
-        return parse_choices(data, req, indices, seed, f"{self.url}: {what}")
+        try:
+            data = call(self.url, body, self.api_key, self.timeout, self.retries, self.backoff, what, self.stream)
+        except ServerError as err:
+            if err.status not in (400, 413, 422) or not CONTEXT_ERROR.search(err.detail):
+                raise
+            log.warning("%s: the server refused the prompt as too long (%s): recorded as %s", what, err.detail,
+                        PROMPT_TOO_LONG)
+            return [Generation(req.task_id, i, "", PROMPT_TOO_LONG, seed) for i in indices]
+        gens = parse_choices(data, req, indices, seed, f"{self.url}: {what}")
+        if len(gens) > 1 and gens[0].completion_tokens is not None:
+            self._warn_once("split", "%s counts the tokens of all of a request's choices together: each sample gets "
+                            "the mean (set the generator's `tokenizer` for exact counts)", self.url)
+        return gens
+
+    def _warn_once(self, key: str, message: str, *args) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
 
 
 def api_key(generator: dict) -> str | None:
@@ -356,44 +457,69 @@ def api_key(generator: dict) -> str | None:
 
 
 def parse_choices(data: dict, req: Request, indices: list[int], seed: int, where: str) -> list[Generation]:
-    """One Generation per choice; the separate reasoning field is `reasoning_content` (vLLM, DeepSeek) or
-    `reasoning` (newer vLLM, OpenRouter). A server's count of completion tokens is split evenly over choices."""
+    """One Generation per choice, for the first len(choices) of `indices` (a server may answer fewer choices than
+    asked, never none or more). The separate reasoning field is `reasoning_content` (vLLM before 0.10, DeepSeek)
+    or `reasoning` (newer vLLM, OpenRouter). Token counts come from `usage` (`usage_counts`), split evenly over the
+    choices: servers count a request's choices together."""
     choices = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(choices, list) or len(choices) != len(indices):
+    if not isinstance(choices, list) or not choices or len(choices) > len(indices):
         got = len(choices) if isinstance(choices, list) else "no"
-        raise RuntimeError(f"{where}: expected {len(indices)} choice(s), the server returned {got} "
-                           f"(set request_n: false if it ignores `n`)")
-    tokens = (data.get("usage") or {}).get("completion_tokens")
-    share = int(tokens) // len(choices) if tokens is not None else None
-    ordered = sorted(choices, key=lambda c: c.get("index", 0))
+        raise RuntimeError(f"{where}: asked for {len(indices)} choice(s), the server returned {got}")
+    choices = [c if isinstance(c, dict) else {} for c in choices]
+    tokens, thought = usage_counts(data.get("usage"))
+    share = lambda count: None if count is None else count // len(choices)  # noqa: E731
+    ordered = sorted(choices, key=lambda c: c["index"] if isinstance(c.get("index"), int) else 0)
     gens = []
     for idx, choice in zip(indices, ordered):
-        msg = choice.get("message") or {}
+        msg = choice.get("message") if isinstance(choice.get("message"), dict) else {}
         reasoning = msg.get("reasoning_content") or msg.get("reasoning") or None
         gens.append(Generation(req.task_id, idx, msg.get("content") or "", choice.get("finish_reason") or "unknown",
-                               seed, reasoning, share))
+                               seed, reasoning, share(tokens), share(thought)))
     return gens
 
 
-def post(url: str, body: dict, key: str | None, timeout: float, retries: int, backoff: float, what: str) -> dict:
-    """POST JSON, retrying 408/409/429/5xx, timeouts, dropped connections and cut-off bodies with exponential
-    backoff and jitter (`Retry-After` in seconds wins); other HTTP errors fail at once with one line."""
-    headers = {"Content-Type": "application/json"}
+def usage_counts(usage) -> tuple[int | None, int | None]:
+    """(completion tokens, reasoning tokens) of an answer's `usage`, None where it does not say. Servers differ:
+    llama.cpp and vLLM give prompt/completion/total tokens (vLLM's streams only with `include_usage`, llama.cpp's
+    streams none); OpenAI's reasoning models add `completion_tokens_details.reasoning_tokens` for reasoning they
+    do not return; some give only the total (then total - prompt)."""
+    if not isinstance(usage, dict):
+        return None, None
+
+    def count(value) -> int | None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+        return int(value) if ok else None
+
+    tokens = count(usage.get("completion_tokens"))
+    total, prompt = count(usage.get("total_tokens")), count(usage.get("prompt_tokens"))
+    if tokens is None and total is not None and prompt is not None and total >= prompt:
+        tokens = total - prompt
+    details = usage.get("completion_tokens_details")
+    return tokens, count(details.get("reasoning_tokens")) if isinstance(details, dict) else None
+
+
+def call(url: str, body: dict | None, key: str | None, timeout: float, retries: int, backoff: float, what: str,
+         stream: bool = False) -> dict:
+    """GET (`body` None) or POST JSON, retrying 408/409/429/5xx, timeouts, dropped connections, cut-off bodies and
+    streams with exponential backoff and jitter (`Retry-After` in seconds wins); other HTTP errors raise
+    ServerError at once. `stream`: the answer is an event stream, gathered by `read_stream`."""
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    payload = json.dumps(body).encode()
+    payload = json.dumps(body).encode() if body is not None else None
     for attempt in range(retries + 1):
         try:
-            req = urllib.request.Request(url, data=payload, headers=headers, method="POST")
+            req = urllib.request.Request(url, data=payload, headers=headers, method="GET" if body is None else "POST")
             with urllib.request.urlopen(req, timeout=timeout) as resp:
+                if stream and resp.headers.get_content_type() == "text/event-stream":
+                    return read_stream(resp)
                 return json.loads(resp.read().decode("utf-8"))
         except urllib.error.HTTPError as err:
             if err.code not in RETRY_STATUS and err.code < 500:
-                detail = err.read().decode("utf-8", "replace")[:200].replace("\n", " ")
-                raise RuntimeError(f"{url}: HTTP {err.code} for {what}: {detail}") from None
+                raise ServerError(url, err.code, what, error_detail(err)) from None
             problem, wait = f"HTTP {err.code}", retry_after(err.headers)
         except (OSError, http.client.HTTPException, ValueError) as err:  # URLError, timeouts, resets, bad JSON
-            problem, wait = type(err).__name__, None
+            problem, wait = describe(err), None
         if attempt == retries:
             raise RuntimeError(f"{url}: {what} failed after {retries + 1} attempts (last: {problem})")
         if wait is None:
@@ -401,6 +527,75 @@ def post(url: str, body: dict, key: str | None, timeout: float, retries: int, ba
         log.warning("%s: %s, retry %d of %d in %.1fs", what, problem, attempt + 1, retries, wait)
         time.sleep(wait)
     raise AssertionError("unreachable")
+
+
+def read_stream(resp) -> dict:
+    """A chat-completions event stream gathered into the shape of a plain answer: per choice index the content and
+    reasoning deltas joined and the last finish_reason; the usage chunk when the server sends one. A stream that
+    ends before `[DONE]` with a choice unfinished, or carries an error event, raises StreamError."""
+    choices: dict[int, dict] = {}
+    usage, done = None, False
+    for raw in resp:
+        line = raw.decode("utf-8").strip()
+        if not line.startswith("data:"):
+            continue  # blank separators, comments (keep-alive pings), event:/id: fields
+        data = line[len("data:"):].strip()
+        if data == "[DONE]":
+            done = True
+            break
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):
+            continue
+        if chunk.get("error") or chunk.get("object") == "error":
+            error = chunk.get("error") if isinstance(chunk.get("error"), dict) else chunk
+            raise StreamError(f"error event: {one_line(str(error.get('message') or error))}")
+        if isinstance(chunk.get("usage"), dict):
+            usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            index = choice["index"] if isinstance(choice.get("index"), int) else 0
+            slot = choices.setdefault(index, {"content": [], "reasoning": [], "finish_reason": None})
+            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            if delta.get("content"):
+                slot["content"].append(delta["content"])
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if thought:
+                slot["reasoning"].append(thought)
+            if choice.get("finish_reason"):
+                slot["finish_reason"] = choice["finish_reason"]
+    if not done and (not choices or any(slot["finish_reason"] is None for slot in choices.values())):
+        raise StreamError("the event stream ended before its answer did")
+    return {"choices": [{"index": index, "finish_reason": slot["finish_reason"],
+                         "message": {"content": "".join(slot["content"]),
+                                     "reasoning": "".join(slot["reasoning"]) or None}}
+                        for index, slot in sorted(choices.items())],
+            "usage": usage}
+
+
+def error_detail(err: urllib.error.HTTPError) -> str:
+    """The message of an error answer, in one line: OpenAI's `error.message`, FastAPI's `detail`, else the body."""
+    raw = err.read().decode("utf-8", "replace")
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        inner = data.get("error")
+        message = (inner.get("message") if isinstance(inner, dict) else inner) or data.get("message") \
+            or data.get("detail")
+        if message:
+            raw = message if isinstance(message, str) else json.dumps(message)
+    return one_line(raw)[:300]
+
+
+def describe(err: BaseException) -> str:
+    reason = err.reason if isinstance(err, urllib.error.URLError) else str(err)
+    return one_line(f"{type(err).__name__}: {reason}" if str(reason) else type(err).__name__)
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 
 def retry_after(headers) -> float | None:

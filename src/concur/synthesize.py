@@ -19,7 +19,7 @@ from typing import Iterable
 import pandas as pd
 
 from . import contracts
-from .backends import Generation, Request, make_backend
+from .backends import PROMPT_TOO_LONG, Generation, Request, make_backend
 from .extract import extract
 from .prompts import build_prompt
 
@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 # what changes the samples themselves; a checkpoint written under other values is not resumed
 SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "seed")
+# generator keys that change how samples are fetched, not what they are: a checkpoint survives a change of them
+# (a restarted server at another address, other retries or concurrency)
+TRANSPORT_KEYS = frozenset({"base_url", "api_key_env", "max_concurrency", "max_retries", "request_timeout_s",
+                            "backoff_s", "stream", "check_model"})
 
 
 def candidate_id(generator: str, task_id: str, sample_idx: int) -> str:
@@ -51,7 +55,8 @@ def to_candidates(generations: Iterable[Generation], prompts: dict[str, str], ge
             "reasoning": parts.reasoning,
             "answer": parts.answer,
             "code": parts.code,
-            "reasoning_tokens": _count(tokenizer, parts.reasoning) if tokenizer is not None else 0,
+            "reasoning_tokens": (_count(tokenizer, parts.reasoning) if tokenizer is not None
+                                 else int(gen.reasoning_tokens or 0)),
             "completion_tokens": (_count(tokenizer, full) if tokenizer is not None
                                   else int(gen.completion_tokens or 0)),
             "finish_reason": gen.finish_reason,
@@ -75,8 +80,10 @@ def checkpoint_path(out_path: str | Path) -> Path:
 
 def checkpoint_fingerprint(generator: dict, settings: dict, samples: int, language: str,
                            adapter: str | Path | None) -> str:
-    """Identifies what a checkpoint's samples were drawn with: generator entry, sampling settings, adapter."""
-    identity = {"generator": generator, "sampling": {k: settings.get(k) for k in SAMPLING_KEYS},
+    """Identifies what a checkpoint's samples were drawn with: generator entry (but its TRANSPORT_KEYS), sampling
+    settings, adapter."""
+    drawn_with = {key: value for key, value in generator.items() if key not in TRANSPORT_KEYS}
+    identity = {"generator": drawn_with, "sampling": {k: settings.get(k) for k in SAMPLING_KEYS},
                 "samples": samples, "language": language, "adapter": str(adapter) if adapter else None}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -125,7 +132,8 @@ def open_checkpoint(path: Path, fingerprint: str):
 
 def generate_resumable(backend, requests: list[Request], samples: int, checkpoint: Path | None,
                        fingerprint: str = "") -> list[Generation]:
-    """All samples of all requests: those in the checkpoint plus new ones, each appended and flushed on arrival."""
+    """All samples of all requests: those in the checkpoint plus new ones, each appended and flushed on arrival
+    (but those of prompts the server refused as too long: a rerun asks again, which costs nothing)."""
     if checkpoint is None:
         return list(backend.generate(requests, samples))
     done, fh = open_checkpoint(checkpoint, fingerprint)
@@ -137,8 +145,9 @@ def generate_resumable(backend, requests: list[Request], samples: int, checkpoin
             if key in done or key not in wanted:
                 continue
             done[key] = gen
-            fh.write(json.dumps(asdict(gen)) + "\n")
-            fh.flush()
+            if gen.finish_reason != PROMPT_TOO_LONG:
+                fh.write(json.dumps(asdict(gen)) + "\n")
+                fh.flush()
     return list(done.values())
 
 
