@@ -31,7 +31,25 @@ $(BIN)/.concur-installed: pyproject.toml
 demo: setup
 	$(BIN)/snakemake --cores $(CORES)
 
-test: setup
+# llama.cpp's OpenAI-compatible server (llama-cpp-python), for tests/test_openai_server.py only: `make test` builds
+# it, `make demo` never does. PyPI has no Linux wheel, so pip compiles it (about 4 min on 2 cores): portable x86
+# flags (GGML_NATIVE=OFF: AVX2 and no AMX, whose tiles crash the server in some sandboxes), no multimodal library.
+# Tried once per venv: a failed build is logged and its test skips (rm $(LLAMA_CPP_STAMP) to try again).
+LLAMA_CPP_SPEC ?= llama-cpp-python[server]==0.3.36
+LLAMA_CPP_STAMP := $(BIN)/.llama-cpp-tried
+
+$(LLAMA_CPP_STAMP): | $(BIN)/.concur-installed
+	@if $(BIN)/python -c "import llama_cpp.server.app" 2>/dev/null; then echo "llama-cpp-python already installed"; \
+	else echo "building $(LLAMA_CPP_SPEC) for the openai server test (log: $(VENV)/llama-cpp-build.log)"; \
+	  start=$$(date +%s); \
+	  if CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(CORES) \
+	     $(BIN)/pip install --no-cache-dir "$(LLAMA_CPP_SPEC)" > $(VENV)/llama-cpp-build.log 2>&1; \
+	  then echo "llama-cpp-python built and installed in $$(( $$(date +%s) - start )) s"; \
+	  else echo "warning: llama-cpp-python did not build (see $(VENV)/llama-cpp-build.log):" \
+	    "tests/test_openai_server.py will skip" >&2; fi; fi
+	touch $@
+
+test: setup $(LLAMA_CPP_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 report: demo

@@ -361,8 +361,11 @@ def test_a_cut_off_stream_is_retried_and_idle_time_is_what_times_out(server):
     backend = OpenAIBackend(gen_config(server, stream=True), SETTINGS)
     (gen,) = backend.generate([Request("t/a", "p")], samples=1)
     assert len(server.requests) == 2 and gen.response == "answer seed 7 choice 0"
-    with pytest.raises(StreamError, match="ended before"):
-        read_stream([b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n'])
+    unfinished = b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n'
+    with pytest.raises(StreamError, match=r"ended \(closed\) before choice 0 finished"):
+        read_stream([unfinished])
+    with pytest.raises(StreamError, match=r"ended \(\[DONE\]\) before choice 0 finished"):  # a stream interrupted
+        read_stream([unfinished, b"data: [DONE]\n"])
     with pytest.raises(StreamError, match="error event: engine overloaded"):
         read_stream([b'data: {"error": {"message": "engine overloaded"}}\n'])
     # every choice finished: a stream that ends without [DONE] is complete

@@ -434,7 +434,10 @@ class OpenAIBackend:
                         PROMPT_TOO_LONG)
             return [Generation(req.task_id, i, "", PROMPT_TOO_LONG, seed) for i in indices]
         gens = parse_choices(data, req, indices, seed, f"{self.url}: {what}")
-        if len(gens) > 1 and gens[0].completion_tokens is not None:
+        if gens[0].completion_tokens is None:
+            self._warn_once("usage", "%s answers without a count of completion tokens (usage): without the "
+                            "generator's `tokenizer` completion_tokens will be 0", self.url)
+        elif len(gens) > 1:
             self._warn_once("split", "%s counts the tokens of all of a request's choices together: each sample gets "
                             "the mean (set the generator's `tokenizer` for exact counts)", self.url)
         return gens
@@ -532,7 +535,9 @@ def call(url: str, body: dict | None, key: str | None, timeout: float, retries: 
 def read_stream(resp) -> dict:
     """A chat-completions event stream gathered into the shape of a plain answer: per choice index the content and
     reasoning deltas joined and the last finish_reason; the usage chunk when the server sends one. A stream that
-    ends before `[DONE]` with a choice unfinished, or carries an error event, raises StreamError."""
+    ends, even with `[DONE]`, before every choice has its finish_reason (llama-cpp-python's server ends a stream
+    that way when another request arrives, unless started with `--interrupt_requests false`), or that carries an
+    error event, raises StreamError."""
     choices: dict[int, dict] = {}
     usage, done = None, False
     for raw in resp:
@@ -564,8 +569,10 @@ def read_stream(resp) -> dict:
                 slot["reasoning"].append(thought)
             if choice.get("finish_reason"):
                 slot["finish_reason"] = choice["finish_reason"]
-    if not done and (not choices or any(slot["finish_reason"] is None for slot in choices.values())):
-        raise StreamError("the event stream ended before its answer did")
+    unfinished = [index for index, slot in sorted(choices.items()) if slot["finish_reason"] is None]
+    if not choices or unfinished:  # never keep a cut answer as if it were whole
+        raise StreamError(f"the event stream ended ({'[DONE]' if done else 'closed'}) before choice "
+                          f"{unfinished[0] if unfinished else 0} finished")
     return {"choices": [{"index": index, "finish_reason": slot["finish_reason"],
                          "message": {"content": "".join(slot["content"]),
                                      "reasoning": "".join(slot["reasoning"]) or None}}
