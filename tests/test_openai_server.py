@@ -258,7 +258,7 @@ def test_job_resumes_after_the_server_is_killed_mid_run(live, tmp_path):
 def test_prompt_longer_than_the_context_is_recorded_not_fatal(live, tmp_path):
     """HTTP 400 context_length_exceeded for one task: its samples are recorded as prompt_too_long (empty, not
     checkpointed) and the job goes on with the others."""
-    long_program = PROGRAM.format(expr="x") + "".join(f"# padding line {i} of a very long program\n" for i in range(150))
+    long_program = PROGRAM.format(expr="x") + "".join(f"# line {i} of a very long comment\n" for i in range(150))
     config, tasks, out = job(tmp_path, ["relu", long_program], generator(live))
     run(str(tasks), 0, 1, "served", config, str(out))
     frame = pd.read_parquet(out).set_index("task_id")
