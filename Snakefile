@@ -15,6 +15,7 @@ sys.path.insert(0, SRC)
 os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
 
 from concur import config as concur_config
+from concur.synthesize import drawn_with
 
 
 configfile: "config.yaml"

@@ -17,7 +17,7 @@ rule eval_generate:
         results("eval", "{model}", "candidates.parquet"),
     params:
         settings=eval_generation_settings(),
-        generator=eval_generator,
+        generator=lambda wc: drawn_with(eval_generator(wc)),  # the script reads the whole entry from the config
         generator_name=lambda wc: eval_generator_name(wc.model),
         models=config["models"],
         language=config["synthesize"]["language"],

@@ -15,7 +15,7 @@ rule synthesize:
         results("candidates", "{generator}", "shard-{shard}.parquet"),
     params:
         settings=config["synthesize"],
-        generator=lambda wc: config["generators"][wc.generator],
+        generator=lambda wc: drawn_with(config["generators"][wc.generator]),  # a new server address reruns nothing
         models=config["models"],
         shards=len(SHARDS),
     log:

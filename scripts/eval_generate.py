@@ -7,7 +7,7 @@ with logging_to(snakemake.log[0]):
         adapter_dir=snakemake.input.adapter[0] if snakemake.input.adapter else None,
         model_name=snakemake.wildcards.model,
         generator_name=snakemake.params.generator_name,
-        generator=snakemake.params.generator,
+        generator=snakemake.config["generators"][snakemake.params.generator_name],
         model_specs=snakemake.params.models,
         settings=snakemake.params.settings,
         language=snakemake.params.language,

@@ -5,6 +5,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -14,6 +15,7 @@ from concur.backends import (PROMPT_TOO_LONG, Generation, OpenAIBackend, ReplayB
                              TransformersBackend, parse_choices, read_stream)
 from concur.synthesize import checkpoint_path, generate_candidates, generate_resumable
 
+ROOT = Path(__file__).resolve().parents[1]
 TASK = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
 SETTINGS = {"seed": 7, "temperature": 0.5, "top_p": 0.9, "max_new_tokens": 32}
 
@@ -642,3 +644,32 @@ def test_generator_naming_an_unknown_model_is_one_clear_error(fake_vllm):
 def test_openai_generator_refuses_an_adapter(server, tmp_path):
     with pytest.raises(ValueError, match="openai generators cannot apply an adapter"):
         generate_candidates(shard_tasks("a"), "g", gen_config(server), {}, SETTINGS, "cuda", 1, adapter=tmp_path)
+
+
+def test_a_moved_server_reruns_no_finished_generation(server, tmp_path):
+    """Snakemake reruns a job whose params changed; the generator's transport settings are not in them: pointing a
+    finished evaluation at a server that moved (base_url) and other concurrency plans nothing, another model the
+    job again."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    results = tmp_path / "results"
+    (results / "tasks").mkdir(parents=True)
+    shard_tasks("a").to_parquet(results / "tasks" / "eval.parquet")
+    target = str(results / "eval" / "served" / "candidates.parquet")
+
+    def snakemake(*args, **generator):
+        overlay = tmp_path / "overlay.yaml"
+        overlay.write_text(yaml.safe_dump({"results": str(results), "evaluate": {"baselines": ["served"]},
+                                           "generators": {"served": gen_config(server, **generator)}}))
+        proc = subprocess.run([sys.executable, "-m", "snakemake", target, "--cores", "1", *args, "--configfile",
+                               str(overlay)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    snakemake()
+    assert len(pd.read_parquet(target)) == 2 and len(server.requests) == 1  # evaluate.samples 2, in one request
+    assert "Nothing to be done" in snakemake("-n", base_url="http://127.0.0.1:9/v1", max_concurrency=3, stream=True)
+    assert "eval_generate" in snakemake("-n", model="another-model")

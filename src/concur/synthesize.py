@@ -78,12 +78,17 @@ def checkpoint_path(out_path: str | Path) -> Path:
     return Path(f"{out_path}.partial.jsonl")
 
 
+def drawn_with(generator: dict) -> dict:
+    """The generator entry without its TRANSPORT_KEYS: what a checkpoint's fingerprint and the rules' params (their
+    rerun trigger) see of it."""
+    return {key: value for key, value in generator.items() if key not in TRANSPORT_KEYS}
+
+
 def checkpoint_fingerprint(generator: dict, settings: dict, samples: int, language: str,
                            adapter: str | Path | None) -> str:
     """Identifies what a checkpoint's samples were drawn with: generator entry (but its TRANSPORT_KEYS), sampling
     settings, adapter."""
-    drawn_with = {key: value for key, value in generator.items() if key not in TRANSPORT_KEYS}
-    identity = {"generator": drawn_with, "sampling": {k: settings.get(k) for k in SAMPLING_KEYS},
+    identity = {"generator": drawn_with(generator), "sampling": {k: settings.get(k) for k in SAMPLING_KEYS},
                 "samples": samples, "language": language, "adapter": str(adapter) if adapter else None}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
