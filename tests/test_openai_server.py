@@ -72,12 +72,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+try:
+    _prctl = ctypes.CDLL(None).prctl  # looked up here: the child of a fork should not load libraries
+except (OSError, AttributeError):
+    _prctl = None
+
+
 def die_with_parent() -> None:
-    """In the server's process: SIGKILL when the test process dies, however it dies (Linux prctl)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    """In the server's process: SIGKILL when the test process dies, however it dies (Linux PR_SET_PDEATHSIG)."""
+    if _prctl is not None:
+        _prctl(1, signal.SIGKILL)
 
 
 class LlamaServer:
@@ -122,10 +126,13 @@ class LlamaServer:
 
     def posts(self) -> int:
         """Chat-completion requests this start of the server has answered (its access log)."""
-        return self.log.read_text(errors="replace").count("POST /v1/chat/completions")
+        return self.text().count("POST /v1/chat/completions")
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
 
     def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
+        return self.text()[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -165,8 +172,15 @@ def job(tmp_path, names, gen: dict) -> tuple[dict, Path, Path]:
 
 
 def checkpointed(out: Path) -> list[dict]:
+    """The samples in a job's checkpoint (a line being written is skipped)."""
     path = checkpoint_path(out)
-    return [json.loads(line) for line in path.read_text().splitlines()[1:]] if path.is_file() else []
+    records = []
+    for line in path.read_text().splitlines()[1:] if path.is_file() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return records
 
 
 def test_synthesize_through_the_served_model(live, tmp_path):
@@ -300,6 +314,6 @@ def test_streaming_gathers_the_same_answer_and_a_killed_stream_is_cancelled(live
     proc.kill()
     proc.wait(timeout=30)
     deadline = time.monotonic() + 30
-    while "Disconnected from client" not in live.tail() and time.monotonic() < deadline:
+    while "Disconnected from client" not in live.text() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert "Disconnected from client" in live.tail()
+    assert "Disconnected from client" in live.text(), live.tail()
