@@ -61,6 +61,7 @@ BUILDS = {
     "reason": "str",
     "cache_key": "str",
     "compile_s": "float",
+    "kernels": "str",
 }
 
 DATASET = {

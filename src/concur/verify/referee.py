@@ -1,0 +1,214 @@
+"""The referee: the trusted process that judges candidates on one device (one GPU, or the CPU).
+
+`python -m concur.verify.referee <fd>` takes jobs from the orchestrator over its socket and answers each with raw
+facts (concur.verify.checks decides the verdict). Per job it never runs a line of the candidate's code itself: the
+reference and the candidate each run in a contestant process (concur.verify.contestant) forked from its zygote,
+sandboxed, on views of arenas it owns. It draws every input itself (on the device, from seeds only it knows in
+hardened mode), keeps the reference's outputs and its private copy of the inputs, compares, and times both models
+with its own clock (concur.verify.timing). The reference is timed before the candidate's module is even loaded; a
+candidate process is killed and gone before the next one loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from concur.verify import exchange, procs, sandbox
+from concur.verify.build import describe
+from concur.verify.reference import CallFailed
+from concur.verify.runner import Runner
+
+ARENA_BUDGET = 1 << 30
+OUT_SLACK = 64 << 10  # the hand-off lands at a random offset in this much room: it cannot be written in advance
+
+
+class Referee:
+    def __init__(self, hello: dict):
+        self.device = hello["device"]
+        self.workdir = Path(hello["workdir"])
+        self.cache_root = Path(hello["cache_root"])
+        self.threads, self.workers = int(hello["threads"]), int(hello["workers"])
+        self.confine = bool(hello.get("confine", True))
+        self.zygote = procs.Zygote(str(self.workdir / "zygote.log"), env={"CUDA_MODULE_LOADING": "LAZY"})
+        import torch
+
+        self.torch = torch
+        torch.set_num_threads(self.threads)
+        self.label = "cpu"
+        self.flush_buffer = None
+        if self.device == "cuda":
+            torch.cuda.init()
+            props = torch.cuda.get_device_properties(0)
+            self.label = f"cuda:{props.name}"
+            self.flush_buffer = torch.empty(2 * (getattr(props, "L2_cache_size", 0) or 64 << 20), dtype=torch.uint8,
+                                            device="cuda")  # fmt: skip
+        self.pool: deque[Runner] = deque()
+        self.serial = 0
+        self.task = None
+        self.positions = torch.Generator(device="cuda" if self.device == "cuda" else "cpu")
+        self.positions.manual_seed(secrets.randbits(63))
+        self.refill()
+
+    # ------------------------------------------------------------ contestants
+
+    def spawn(self, memory_mb: int, max_processes: int = 64) -> Runner:
+        self.serial += 1
+        folder = self.workdir / "contestants" / f"{os.getpid()}-{self.serial}"
+        hidden = [str(self.workdir), str(self.cache_root)] if self.confine else None
+        return Runner(self.zygote, folder, self.device, self.threads, hidden, [str(self.cache_root)], memory_mb,
+                      max_processes)  # fmt: skip
+
+    def refill(self, memory_mb: int = 16384, max_processes: int = 64) -> None:
+        while len(self.pool) < self.workers:
+            self.pool.append(self.spawn(memory_mb, max_processes))
+
+    def take(self, memory_mb: int, max_processes: int) -> Runner:
+        runner = self.pool.popleft() if self.pool else self.spawn(memory_mb, max_processes)
+        runner.memory_kb, runner.max_processes = memory_mb * 1024, max_processes
+        runner.ready()
+        return runner
+
+    # ------------------------------------------------------------ inputs and outputs
+
+    def draw(self, task, seed: int, kind: str) -> list:
+        """get_inputs() under `seed`, on the device in hardened mode (fast, and no host memory), on the CPU in
+        kernelbench mode (the numbers KernelBench draws); `signed` trials draw from signed distributions."""
+        torch = self.torch
+        on_device = task.mode == "hardened" and self.device == "cuda"
+        torch.manual_seed(seed)
+        if self.device == "cuda":
+            torch.cuda.manual_seed_all(seed)
+        with other_distributions(torch) if kind == "signed" else contextlib.nullcontext():
+            with torch.device("cuda" if on_device else "cpu"):
+                values = list(task.namespace["get_inputs"]())
+        return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
+
+    def stage(self, runner: Runner, calls: list[list], stage: str) -> list[list[dict]]:
+        """Write each call's inputs into the runner's input arena; returns their specs."""
+        specs, end = [], 0
+        for values in calls:
+            spec = exchange.specs_of(values)
+            end = exchange.place(spec, end)
+            specs.append(spec)
+        arena = runner.arena("in", end, stage)
+        for values, spec in zip(calls, specs):
+            for value, s in zip(values, spec):
+                if s["t"] == "tensor":
+                    exchange.write(arena.bytes, s, value)
+        self.sync()
+        return specs
+
+    def handoff(self, runner: Runner, metas: list[list[dict]], stage: str, timeout: float) -> tuple[list, float]:
+        """Have the runner copy its kept outputs into its output arena at a random offset; returns the outputs as
+        views of the arena, and the seconds the hand-off took."""
+        layouts, end = [], 0
+        for call in metas:
+            layout = exchange.output_layout(call, end)
+            end = max([end] + [s["off"] + exchange.nbytes(s) for s in layout if s["t"] == "tensor"])
+            layouts.append(layout)
+        arena = runner.arena("out", end + OUT_SLACK, stage)
+        base = secrets.randbelow(OUT_SLACK // exchange.ALIGN) * exchange.ALIGN
+        for layout in layouts:
+            for spec in layout:
+                if spec["t"] == "tensor":
+                    spec["off"] += base
+        start = time.perf_counter()
+        reply = runner.ask({"op": "handoff", "specs": layouts}, stage, timeout)
+        seconds = time.perf_counter() - start
+        if not reply.get("ok"):
+            raise CallFailed(reply.get("error", "hand-off failed"))
+        return [exchange.values_of(arena.bytes, layout) for layout in layouts], seconds
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def flush(self) -> None:
+        """Cold caches for the next timed batch: persisting L2 lines made normal, then 2x L2 overwritten."""
+        if self.flush_buffer is not None:
+            exchange.driver().reset_persisting_l2()
+            self.flush_buffer.zero_()
+            self.sync()
+
+    # ------------------------------------------------------------ jobs
+
+    def evaluate(self, job: dict) -> dict:
+        from concur.verify import evaluation
+
+        return evaluation.evaluate(self, job)
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.task.close()
+        for runner in self.pool:
+            runner.end()
+        self.zygote.close()
+
+
+@contextlib.contextmanager
+def other_distributions(torch):
+    """get_inputs() with torch.rand drawing from [-1, 1) and torch.randn twice as wide: the same structure (a
+    triangular mask stays triangular) on values of both signs and larger magnitude."""
+    originals = {name: getattr(torch, name) for name in ("rand", "rand_like", "randn", "randn_like")}
+    torch.rand = lambda *a, **k: originals["rand"](*a, **k).mul_(2).sub_(1)
+    torch.rand_like = lambda *a, **k: originals["rand_like"](*a, **k).mul_(2).sub_(1)
+    torch.randn = lambda *a, **k: originals["randn"](*a, **k).mul_(2)
+    torch.randn_like = lambda *a, **k: originals["randn_like"](*a, **k).mul_(2)
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
+
+
+def serve(fd: int) -> int:
+    sandbox.hide_memory()
+    channel = procs.Channel(socket.socket(fileno=fd))
+    parent = os.getppid()
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    hello, _ = channel.recv()
+    try:
+        referee = Referee(hello)
+    except BaseException as err:
+        channel.send({"ok": False, "error": describe(err)})
+        return 1
+    channel.send({"ok": True, "device": referee.label, "landlock": sandbox.landlock_abi()})
+    try:
+        while True:
+            try:
+                message, _ = channel.recv()
+            except procs.ChannelClosed:
+                break
+            if message.get("op") == "quit":
+                break
+            try:
+                facts = referee.evaluate(message["job"])
+            except BaseException as err:  # a bug here must not look like the candidate's fault
+                import traceback
+
+                traceback.print_exc()
+                facts = {"failure": {"kind": "referee", "stage": "evaluate", "detail": describe(err), "seconds": 0}}
+            channel.send({"facts": facts})
+    finally:
+        referee.close()
+    return 0
+
+
+def _exit_with_parent(parent: int) -> None:
+    """The orchestrator died without saying goodbye (killed): leave now; the zygote kills the contestants when
+    this process's end of its socket closes."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(serve(int(sys.argv[1])))
