@@ -17,6 +17,7 @@ from concur.verify.orchestrate import Job, blank_verdict, cache_root_of, device_
 
 log = logging.getLogger("concur.verify")
 VERDICT_FIELDS = [c for c in contracts.VERDICTS if c not in ("candidate_id", "task_id")]
+FACTS_SINK = None  # when set, called with (candidate_id, facts) for every referee report (benchmarks read them)
 JOB_SETTINGS = ("mode", "correctness_trials", "signed_trials", "warmup", "timing_trials", "timing_min_s", "atol",
                 "rtol", "timeout_s", "memory_limit_mb", "max_processes")  # fmt: skip
 
@@ -160,6 +161,8 @@ def run_jobs(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -> 
         def done(payload: dict, facts: dict) -> None:
             job = by_id[payload["candidate_id"]]
             verdicts[job.index] = decide(facts, job, settings, label)
+            if FACTS_SINK is not None:
+                FACTS_SINK(job.candidate_id, facts)
             kinds = facts.get("degenerate")
             if kinds is not None:
                 degenerate[job.task_id] = sorted(set(degenerate.get(job.task_id, [])) | set(kinds))

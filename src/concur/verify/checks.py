@@ -60,13 +60,32 @@ def compare(new: list, ref: list, settings: dict, strict_finite: bool) -> dict:
             facts.update(ok_dtype=False, detail=f"output {i}: got {a.dtype}, expected {b.dtype}")
             continue
         a = a.to(b.device)
-        if strict_finite and a.is_floating_point() and not bool(torch.isfinite(a).all()):
-            facts.update(ok_finite=False, detail=f"output {i}: NaN or inf in the output")
-        facts["max_abs_err"] = max(facts["max_abs_err"], max_abs_error(a, b))
         atol, rtol = tolerance(str(b.dtype), settings)
-        if not _allclose(a, b, atol, rtol):
+        finite, worst, close = _compare_tensor(a, b, atol, rtol)
+        if strict_finite and not finite:
+            facts.update(ok_finite=False, detail=f"output {i}: NaN or inf in the output")
+        facts["max_abs_err"] = max(facts["max_abs_err"], worst)
+        if not close:
             facts["allclose"] = False
     return facts
+
+
+CHUNK = 1 << 26  # elements compared at a time: the temporaries of a comparison stay small for multi-GB outputs
+
+
+def _compare_tensor(a, b, atol: float, rtol: float) -> tuple[bool, float, bool]:
+    """(all finite, largest error, allclose) of two tensors of one shape, chunk by chunk."""
+    import torch
+
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    finite, worst, close = True, 0.0, True
+    for start in range(0, flat_a.numel(), CHUNK):
+        x, y = flat_a[start : start + CHUNK], flat_b[start : start + CHUNK]
+        if x.is_floating_point() or x.is_complex():
+            finite = finite and bool(torch.isfinite(x).all())
+        worst = max(worst, max_abs_error(x, y))
+        close = close and _allclose(x, y, atol, rtol)
+    return finite, worst, close
 
 
 def _allclose(a, b, atol: float, rtol: float) -> bool:
@@ -74,7 +93,9 @@ def _allclose(a, b, atol: float, rtol: float) -> bool:
 
     if a.is_floating_point() or a.is_complex():
         return bool(torch.allclose(a, b, atol=atol, rtol=rtol))
-    return bool(torch.equal(a, b)) if atol == rtol == 0 else bool(torch.allclose(a.double(), b.double(), atol=atol, rtol=rtol))
+    if atol == rtol == 0:
+        return bool(torch.equal(a, b))
+    return bool(torch.allclose(a.double(), b.double(), atol=atol, rtol=rtol))
 
 
 def max_abs_error(a, b) -> float:
@@ -127,26 +148,39 @@ def passes(facts: dict) -> bool:
 def degenerate_kinds(ref: list, inputs: list, previous: list | None, settings: dict) -> set[str]:
     """Trivial answers that pass this trial's check without computing anything: all zeros, a constant, one of the
     inputs, or the reference's output on other inputs (`other_inputs`). A guess is tried on a sample of elements
-    first: most fail there, and the full comparison runs only for those that pass it."""
+    first: most fail there, and only those that pass it are compared everywhere (chunk by chunk, never made whole)."""
     import torch
 
     if not ref or not all(isinstance(r, torch.Tensor) and r.numel() for r in ref):
         return set()
-    guesses = {"zeros": lambda: [torch.zeros_like(r) for r in ref],
-               "constant": lambda: [torch.full_like(r, r.double().mean().item()) for r in ref]}  # fmt: skip
-    same = [i for i in inputs if isinstance(i, torch.Tensor) and len(ref) == 1 and i.shape == ref[0].shape]
+    flat = [r.reshape(-1) for r in ref]
+    means = [r.mean(dtype=torch.float64).item() if r.is_floating_point() else r.double().mean().item() for r in ref]
+    guesses = {"zeros": lambda i, at: torch.zeros_like(flat[i][at]),
+               "constant": lambda i, at: torch.full_like(flat[i][at], means[i])}  # fmt: skip
+    same = [x for x in inputs if isinstance(x, torch.Tensor) and len(ref) == 1 and x.shape == ref[0].shape]
     if same:
-        guesses["identity"] = lambda: [same[0].to(ref[0].device, ref[0].dtype)]
+        source = same[0].reshape(-1)
+        guesses["identity"] = lambda i, at: source[at].to(flat[i].device, flat[i].dtype)
     if previous is not None and [tuple(p.shape) for p in previous] == [tuple(r.shape) for r in ref]:
-        guesses["other_inputs"] = lambda: previous
-    at = [torch.randint(0, r.numel(), (min(r.numel(), 4096),), device=r.device) for r in ref]
+        before = [p.reshape(-1) for p in previous]
+        guesses["other_inputs"] = lambda i, at: before[i][at]
+    sample = [torch.randint(0, f.numel(), (min(f.numel(), 4096),), device=f.device) for f in flat]
     found = set()
-    for kind, make in guesses.items():
-        guess = make()
-        sampled = [g.reshape(-1)[i] for g, i in zip(guess, at)], [r.reshape(-1)[i] for r, i in zip(ref, at)]
-        if passes(compare(*sampled, settings, strict_finite=False)) and passes(compare(guess, ref, settings, False)):
+    for kind, guess in guesses.items():
+        if all(_passes_everywhere(guess, i, f, sample[i], settings) for i, f in enumerate(flat)):
             found.add(kind)
     return found
+
+
+def _passes_everywhere(guess, index: int, flat, sample, settings: dict) -> bool:
+    atol, rtol = tolerance(str(flat.dtype), settings)
+    if not _allclose(guess(index, sample), flat[sample], atol, rtol):
+        return False
+    for start in range(0, flat.numel(), CHUNK):
+        part = slice(start, min(start + CHUNK, flat.numel()))
+        if not _allclose(guess(index, part), flat[part], atol, rtol):
+            return False
+    return True
 
 
 def degenerate_everywhere(per_trial: list[set[str]]) -> list[str]:

@@ -66,11 +66,16 @@ class Contestant:
         self.model = self.model64 = self.loader = None
         self.arenas: dict[str, exchange.Mapped] = {}
         self.pending: list[list] = []
+        self.prepared: list = []
+        self.fp64 = False
         self.guarded = guarded()
         torch.set_num_threads(max(1, int(spec.get("threads", 1))))
+        start = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.init()
             torch.empty(1, device=self.device)  # the context, made before any program runs
+            self._profile(lambda: torch.empty(1, device=self.device).add_(1))  # CUPTI starts now, not in a job
+        self.startup_s = time.perf_counter() - start
 
     # ------------------------------------------------------------ commands
 
@@ -118,29 +123,44 @@ class Contestant:
         self.arenas[msg["slot"]] = exchange.Mapped(msg, fds)
         return {"ok": True}
 
-    def call(self, msg: dict) -> dict:
-        """Run forward once per entry of `calls`, keep the outputs, answer with their dtypes and shapes."""
+    def prepare(self, msg: dict) -> dict:
+        """The arguments of the next calls, as views of the input arena (made before the referee's clock starts)."""
+        import torch
+
+        self.prepared, self.fp64 = [], bool(msg.get("fp64"))
+        for entry in msg["calls"]:
+            args = self._values(entry["args"])
+            if self.fp64:
+                args = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+            elif self.cast is not None:
+                args = [self._cast(a) for a in args]
+            self.prepared.append((args, entry.get("seed")))
+        return {"ok": True}
+
+    def go(self, msg: dict) -> dict:
+        """Run forward on each prepared call, keep the outputs, then wait for the whole device: the timed part."""
         import torch
 
         calls_before = self.loader.kernel_calls if self.loader else 0
-        outs = []
-        model = self.model64 if msg.get("fp64") else self.model
+        model = self.model64 if self.fp64 else self.model
+        prepared, self.prepared = self.prepared, []
         with torch.no_grad():
-            for entry in msg["calls"]:
-                args = self._values(entry["args"])
-                if msg.get("fp64"):
-                    args = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
-                elif self.cast is not None:
-                    args = [self._cast(a) for a in args]
-                if entry.get("seed") is not None:
-                    torch.manual_seed(int(entry["seed"]))
+            for args, seed in prepared:
+                if seed is not None:
+                    torch.manual_seed(int(seed))
                 self.pending.append(leaves(model(*args)))
-        if msg.get("sync", True):
-            self._sync()
-        for produced in self.pending[-len(msg["calls"]) :] if msg["calls"] else []:
-            outs.append([leaf_meta(leaf) for leaf in produced])
-        calls = (self.loader.kernel_calls if self.loader else 0) - calls_before
-        return {"ok": True, "outs": outs, "kernel_calls": calls}
+        self._sync()
+        return {"ok": True, "kernel_calls": (self.loader.kernel_calls if self.loader else 0) - calls_before}
+
+    def outs(self, msg: dict) -> dict:
+        """dtype and shape of every kept output."""
+        return {"ok": True, "outs": [[leaf_meta(leaf) for leaf in produced] for produced in self.pending]}
+
+    def call(self, msg: dict) -> dict:
+        """prepare, go and outs in one round trip (the calls nobody times)."""
+        self.prepare(msg)
+        reply = self.go(msg)
+        return {**reply, **self.outs(msg)}
 
     def handoff(self, msg: dict) -> dict:
         """Copy the kept outputs into the output arena at the offsets the referee chose."""
@@ -198,19 +218,26 @@ class Contestant:
     def profile(self, msg: dict) -> dict:
         """Names of what one forward ran: CUDA kernels on a GPU, ATen operators on the CPU, with counts."""
         import torch
-        from torch.profiler import ProfilerActivity, profile
 
         args = self._values(msg["args"])
+        with torch.no_grad():
+            prof = self._profile(lambda: self.model(*args))
         cuda = self.device.type == "cuda"
-        with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
-            self.model(*args)
-            self._sync()
         names: dict[str, int] = {}
         for event in prof.events():
             on_device = getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
             if (on_device if cuda else event.name.startswith("aten::")):
                 names[event.name] = names.get(event.name, 0) + 1
         return {"ok": True, "names": names}
+
+    def _profile(self, fn):
+        from torch.profiler import ProfilerActivity, profile
+
+        cuda = self.device.type == "cuda"
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            fn()
+            self._sync()
+        return prof
 
     def state(self, msg: dict) -> dict:
         changed = sorted(n for n, (owner, attr, f) in self.guarded.items() if getattr(owner, attr, None) is not f)
@@ -223,9 +250,13 @@ class Contestant:
         return exchange.values_of(arena.bytes if arena else None, specs)
 
     def _cast(self, value):
+        """kernelbench mode: floating tensors in float32, as KernelBench's precision setting makes them (integer
+        tensors, indices and targets, keep their dtype: cast, they would break the reference itself)."""
         import torch
 
-        return value.to(dtype=self.cast) if self.cast is not None and isinstance(value, torch.Tensor) else value
+        if self.cast is None or not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            return value
+        return value.to(dtype=self.cast)
 
     def _sync(self) -> None:
         import torch
@@ -252,7 +283,7 @@ def leaf_meta(leaf) -> dict:
         return {"t": "other", "detail": str(err)}
 
 
-COMMANDS = {"load", "call", "handoff", "double", "drop", "kb_time", "profile", "state"}
+COMMANDS = {"load", "prepare", "go", "outs", "call", "handoff", "double", "drop", "kb_time", "profile", "state"}
 
 
 def serve(channel, spec: dict, sandbox: str) -> int:
@@ -261,7 +292,7 @@ def serve(channel, spec: dict, sandbox: str) -> int:
 
     try:
         contestant = Contestant(spec, sandbox)
-        channel.send({"ok": True, "ready": True, "sandbox": sandbox, "pid": os.getpid()})
+        channel.send({"ok": True, "ready": True, "sandbox": sandbox, "pid": os.getpid(), "startup_s": contestant.startup_s})
     except BaseException as err:
         channel.send({"ok": False, "error": describe(err)})
         os._exit(1)

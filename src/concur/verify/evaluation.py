@@ -13,12 +13,12 @@ import contextlib
 import secrets
 import time
 
-from concur.verify import checks, measure
-from concur.verify.reference import (LOAD_FLOOR_S, SEED, CallFailed, ReferenceFailed, call_timeout, limit,
+from concur.verify import checks, exchange, measure
+from concur.verify.reference import (FP64_MAX_BYTES, LOAD_FLOOR_S, SEED, CallFailed, ReferenceFailed, call_timeout, limit,
                                      load_message, mutated, ref_ask, ref_handoff, reference_side, task_for)  # fmt: skip
 from concur.verify.runner import RunnerFailed
 
-FP64_MAX_BYTES = 4 << 30
+KEEP_PREVIOUS_BYTES = 1 << 30  # the previous trial's reference output is kept (for `other_inputs`) up to this size
 
 
 def evaluate(referee, job: dict) -> dict:
@@ -136,11 +136,11 @@ def run_trials(referee, task, candidate, settings, facts, deadline) -> bool:
         outputs, _ = referee.handoff(candidate, [metas], "correctness", limit(deadline, call_timeout(task, 1)))
         trial.update(checks.compare(outputs[0], ref, settings, strict_finite=hardened))
         trial["mutated"] = mutated(torch, candidate, specs, values)
-        if number == 1:
-            facts["precision"] = precision(referee, task, values, ref, outputs[0], seed)
         if kind == "random":
             found.append(checks.degenerate_kinds(ref, values, previous, settings))
-            previous = ref
+            previous = [r.clone() for r in ref] if task.output_bytes <= KEEP_PREVIOUS_BYTES else None
+        if number == 1:  # last: the float64 reference's hand-off lands beside `ref` in the same arena
+            facts["precision"] = precision(referee, task, values, ref, outputs[0], seed)
         if not checks.passes(trial) or trial["mutated"] and hardened:
             return False
     facts["degenerate"] = checks.degenerate_everywhere(found)
@@ -152,7 +152,7 @@ def reference_outputs(referee, task, values: list, seed: int) -> list:
         specs = referee.stage(task.runner, [values], "reference")[0]
     reply = ref_ask(task, {"op": "call", "calls": [{"args": specs, "seed": seed}]}, "reference")
     outputs, _ = ref_handoff(referee, task, reply["outs"])
-    return [o.clone() if isinstance(o, referee.torch.Tensor) else o for o in outputs[0]]
+    return outputs[0]  # views of the reference's output arena: valid until its next hand-off
 
 
 def precision(referee, task, values, ref, new, seed) -> dict:
@@ -171,8 +171,11 @@ def precision(referee, task, values, ref, new, seed) -> dict:
                                 600.0)  # fmt: skip
         if not reply.get("ok"):
             return {"skipped": f"float64 reference: {reply.get('error')}"}
-        exact, _ = referee.handoff(task.runner, reply["outs"], "reference", 600.0)
-    except (RunnerFailed, CallFailed) as err:
+        exact, _ = referee.handoff(task.runner, reply["outs"], "reference", 600.0,
+                                   start=task.output_bytes + exchange.OUT_SLACK, grow=False)  # fmt: skip
+    except CallFailed as err:
+        return {"skipped": str(err)}
+    except RunnerFailed as err:
         raise ReferenceFailed(str(err)) from None
     return {"e_ref": checks.relative_error(ref, exact[0]), "e_new": checks.relative_error(new, exact[0])}
 

@@ -15,6 +15,8 @@ import mmap
 import os
 
 ALIGN = 256
+OUT_SLACK = 64 << 10  # a hand-off lands at a random offset in this much room: it cannot be written in advance
+ARENA_BUDGET = 1 << 30  # inputs and outputs of one timed batch, at most
 
 
 # ---------------------------------------------------------------- the CUDA driver, through ctypes
@@ -208,12 +210,12 @@ def place(specs: list[dict], base: int = 0) -> int:
     end = base
     for spec in specs:
         if spec["t"] == "tensor":
-            spec["off"] = _aligned(end)
+            spec["off"] = aligned(end)
             end = spec["off"] + nbytes(spec)
     return end
 
 
-def _aligned(offset: int) -> int:
+def aligned(offset: int) -> int:
     return (offset + ALIGN - 1) // ALIGN * ALIGN
 
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import secrets
 import time
 
-from concur.verify import checks, procs, timing
+from concur.verify import checks, exchange, procs, timing
 from concur.verify.reference import (SEED, CallFailed, call_timeout, limit, mutated, ref_ask, ref_handoff,
                                      reference_side)  # fmt: skip
-from concur.verify.referee import ARENA_BUDGET
 
 SAMPLES = 1024  # output elements checked per checked timed call
 CHECKED_PER_BATCH = 4  # timed calls of each batch whose outputs are checked (chosen in secret)
@@ -21,7 +20,7 @@ EXPECTED_BACKEND = {"matmul.allow_tf32": False, "cudnn.allow_tf32": False, "floa
 def time_reference(referee, task, settings) -> dict:
     """Warm up, then timed batches of fresh secret inputs until the reference has run `timing_min_s`; keeps each
     batch's seeds, forward and hand-off times and a secret sample of checked outputs."""
-    calls = timing.batch_size(task.call_ms, task.input_bytes, task.output_bytes, ARENA_BUDGET)
+    calls = timing.batch_size(task.call_ms, task.input_bytes, task.output_bytes, exchange.ARENA_BUDGET)
     plan = {"calls": calls, "batches": [], "forward": [], "handoff": [], "samples": []}
     ask = lambda m, s, t=600.0: ref_ask(task, m, s, t)  # noqa: E731
     with reference_side():
@@ -54,16 +53,22 @@ def timed_batch(referee, task, runner, seeds, ask) -> dict:
     values = [referee.draw(task, s, "random") for s in seeds]
     specs = referee.stage(runner, values, "timing")
     referee.flush()
+    calls = [{"args": sp, "seed": s if task.stochastic else None} for sp, s in zip(specs, seeds)]
+    answered(ask({"op": "prepare", "calls": calls}, "timing", 60.0))
     cpu = procs.cpu_seconds(runner.pid)
     begin = time.perf_counter()
-    reply = ask({"op": "call", "calls": [{"args": sp, "seed": s} for sp, s in zip(specs, seeds)]}, "timing",
-                call_timeout(task, len(seeds)))  # fmt: skip
+    reply = answered(ask({"op": "go"}, "timing", call_timeout(task, len(seeds))))
     forward_s = time.perf_counter() - begin
+    cores = (procs.cpu_seconds(runner.pid) - cpu) / forward_s if forward_s > 0 else 0.0
+    metas = answered(ask({"op": "outs"}, "timing", 60.0))["outs"]
+    return {"forward_ms": 1000.0 * forward_s, "metas": metas, "specs": specs, "values": values, "cores": cores,
+            "kernel_calls": reply.get("kernel_calls", 0)}  # fmt: skip
+
+
+def answered(reply: dict) -> dict:
     if not reply.get("ok"):
         raise CallFailed(reply.get("error", "call failed"))
-    cores = (procs.cpu_seconds(runner.pid) - cpu) / forward_s if forward_s > 0 else 0.0
-    return {"forward_ms": 1000.0 * forward_s, "metas": reply["outs"], "specs": specs, "values": values,
-            "cores": cores}  # fmt: skip
+    return reply
 
 
 def sample(referee, outputs: list) -> list:
@@ -123,7 +128,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     if forward:
         per_call = timing.per_call_times(forward, handoffs, plan["handoff"], task.overhead_ms, calls)
         facts["timing"] = {"ref": reference, "new": timing.summary(per_call), "calls_per_batch": calls,
-                           "deferred": timing.deferred(handoffs, plan["handoff"]),
+                           "deferred": timing.deferred(handoffs, plan["handoff"], forward),
                            "cores": sorted(cores)[len(cores) // 2], "cores_allowed": referee.threads}  # fmt: skip
     inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
 

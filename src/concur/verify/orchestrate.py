@@ -104,6 +104,7 @@ def run_builds(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -
     if not to_build:
         return rows  # type: ignore[return-value]
     cache_root = cache_root_of(settings, workdir)
+    Path(workdir).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="concur-build-", dir=Path(workdir).resolve()))
     zygote = builders()
     workers = int(settings.get("compile_workers") or verify_settings.cores())

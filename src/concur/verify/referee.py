@@ -26,8 +26,6 @@ from concur.verify.build import describe
 from concur.verify.reference import CallFailed
 from concur.verify.runner import Runner
 
-ARENA_BUDGET = 1 << 30
-OUT_SLACK = 64 << 10  # the hand-off lands at a random offset in this much room: it cannot be written in advance
 
 
 class Referee:
@@ -79,16 +77,14 @@ class Referee:
     # ------------------------------------------------------------ inputs and outputs
 
     def draw(self, task, seed: int, kind: str) -> list:
-        """get_inputs() under `seed`, on the device in hardened mode (fast, and no host memory), on the CPU in
-        kernelbench mode (the numbers KernelBench draws); `signed` trials draw from signed distributions."""
+        """get_inputs() under `seed`, made on the device (fast, and no host memory for large tasks); `signed` trials
+        draw from signed distributions. On a GPU the numbers differ from a CPU draw of the same seed."""
         torch = self.torch
-        on_device = task.mode == "hardened" and self.device == "cuda"
         torch.manual_seed(seed)
         if self.device == "cuda":
             torch.cuda.manual_seed_all(seed)
-        with other_distributions(torch) if kind == "signed" else contextlib.nullcontext():
-            with torch.device("cuda" if on_device else "cpu"):
-                values = list(task.namespace["get_inputs"]())
+        with other_distributions(torch) if kind == "signed" else contextlib.nullcontext(), torch.device(self.device):
+            values = list(task.namespace["get_inputs"]())
         return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
 
     def stage(self, runner: Runner, calls: list[list], stage: str) -> list[list[dict]]:
@@ -106,23 +102,28 @@ class Referee:
         self.sync()
         return specs
 
-    def handoff(self, runner: Runner, metas: list[list[dict]], stage: str, timeout: float) -> tuple[list, float]:
-        """Have the runner copy its kept outputs into its output arena at a random offset; returns the outputs as
-        views of the arena, and the seconds the hand-off took."""
-        layouts, end = [], 0
+    def handoff(self, runner: Runner, metas: list[list[dict]], stage: str, timeout: float, start: int = 0,
+                grow: bool = True) -> tuple[list, float]:  # fmt: skip
+        """Have the runner copy its kept outputs into its output arena, from `start` plus a random offset; returns
+        the outputs as views of the arena, and the seconds the hand-off took. Views from earlier hand-offs stay
+        valid unless the arena has to grow (`grow=False` refuses to)."""
+        layouts, end = [], exchange.aligned(start)
         for call in metas:
             layout = exchange.output_layout(call, end)
             end = max([end] + [s["off"] + exchange.nbytes(s) for s in layout if s["t"] == "tensor"])
             layouts.append(layout)
-        arena = runner.arena("out", end + OUT_SLACK, stage)
-        base = secrets.randbelow(OUT_SLACK // exchange.ALIGN) * exchange.ALIGN
+        current = runner.arenas["out"]
+        if not grow and (current is None or current.nbytes < end + exchange.OUT_SLACK):
+            raise CallFailed("no room in the output arena")
+        arena = runner.arena("out", end + exchange.OUT_SLACK, stage)
+        base = secrets.randbelow(exchange.OUT_SLACK // exchange.ALIGN) * exchange.ALIGN
         for layout in layouts:
             for spec in layout:
                 if spec["t"] == "tensor":
                     spec["off"] += base
-        start = time.perf_counter()
+        begin = time.perf_counter()
         reply = runner.ask({"op": "handoff", "specs": layouts}, stage, timeout)
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - begin
         if not reply.get("ok"):
             raise CallFailed(reply.get("error", "hand-off failed"))
         return [exchange.values_of(arena.bytes, layout) for layout in layouts], seconds

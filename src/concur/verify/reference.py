@@ -16,9 +16,10 @@ from concur.verify.build import describe, exec_program
 from concur.verify.runner import RunnerFailed
 
 SEED = 42
-CALL_FLOOR_S, CALL_FACTOR, FIRST_CALL_EXTRA_S = 10.0, 100.0, 20.0  # a call's deadline, from the reference's time
+CALL_FLOOR_S, CALL_FACTOR, FIRST_CALL_EXTRA_S = 5.0, 100.0, 10.0  # a call's deadline, from the reference's time
 LOAD_FLOOR_S = 60.0
 REFERENCE_MEMORY_MB = 65536
+FP64_MAX_BYTES = 4 << 30  # the float64 check runs for tasks whose inputs and outputs take at most this much
 
 
 class ReferenceFailed(Exception):
@@ -38,6 +39,7 @@ class TaskState:
         self.mode = job["settings"]["mode"]
         self.referee, self.runner, self.error = referee, None, None
         self.meta = self.kb_times = self.profile = None
+        self.stochastic = True
         self.call_ms = None
         self.has_double = None
         try:
@@ -55,6 +57,8 @@ class TaskState:
         if self.runner is not None:
             self.runner.end()
             self.runner = None
+        if self.referee.device == "cuda":  # the next task's tensors have other sizes: give the cached blocks back
+            self.referee.torch.cuda.empty_cache()
 
 
 def task_key(job: dict) -> str:
@@ -82,7 +86,7 @@ def task_for(referee, job: dict) -> TaskState:
         if referee.task.error is None:
             try:
                 setup_reference(referee, referee.task, job["settings"])
-            except (RunnerFailed, CallFailed) as err:
+            except (RunnerFailed, CallFailed, ReferenceFailed) as err:
                 referee.task.error = str(err)
     if referee.task.error:
         raise ReferenceFailed(referee.task.error)
@@ -130,21 +134,38 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
     ref_handoff(referee, task, reply["outs"])
     samples = []
     for _ in range(3):
+        ref_ask(task, {"op": "prepare", "calls": [{"args": specs[0], "seed": None}]}, "reference")
         begin = time.perf_counter()
-        ref_ask(task, {"op": "call", "calls": [{"args": specs[0], "seed": SEED}]}, "reference")
+        ref_ask(task, {"op": "go"}, "reference")
         samples.append(time.perf_counter() - begin)
         ref_ask(task, {"op": "drop"}, "reference")
+    task.stochastic = stochastic(referee, task, specs[0])
     task.overhead_ms = overhead_ms(task)
     task.call_ms = max(timing.FLOOR_MS, 1000.0 * sorted(samples)[1] - task.overhead_ms)
     task.input_bytes = sum(exchange.nbytes(s) for s in specs[0])
     task.output_bytes = sum(exchange.nbytes(s) for s in exchange.output_layout(task.meta, 0))
     task.memory_mb = runner.memory_used_kb() // 1024
+    if task.input_bytes + task.output_bytes <= FP64_MAX_BYTES:  # room for the float64 output beside the float32 one
+        with reference_side():
+            runner.arena("out", 3 * task.output_bytes + 4 * exchange.OUT_SLACK, "reference")
     if settings["mode"] == "hardened":
         task.profile = ref_ask(task, {"op": "profile", "args": specs[0]}, "reference")["names"]
     else:
         reply = ref_ask(task, {"op": "kb_time", "args": specs[0], "warmup": settings["warmup"],
                                "trials": settings["timing_trials"], "discard": 1}, "reference")  # fmt: skip
         task.kb_times = reply["times_ms"]
+
+
+def stochastic(referee, task, specs: list[dict]) -> bool:
+    """Whether the reference draws random numbers in forward (dropout, torch.rand): then every call is seeded, the
+    same way for both models; otherwise timed calls skip the reseeding."""
+    outputs = []
+    for seed in (1, 2):
+        reply = ref_ask(task, {"op": "call", "calls": [{"args": specs, "seed": seed}]}, "reference")
+        got, _ = ref_handoff(referee, task, reply["outs"])
+        outputs.append([o.clone() if isinstance(o, referee.torch.Tensor) else o for o in got[0]])
+    torch = referee.torch
+    return not all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(*outputs))
 
 
 def load_message(settings: dict, role: str, class_name: str, program, init: list, build_dir) -> dict:
@@ -159,8 +180,9 @@ def overhead_ms(task) -> float:
     """The message round trip of an empty batch on the reference's process: subtracted from both sides."""
     times = []
     for _ in range(11):
+        ref_ask(task, {"op": "prepare", "calls": []}, "reference")
         begin = time.perf_counter()
-        ref_ask(task, {"op": "call", "calls": []}, "reference")
+        ref_ask(task, {"op": "go"}, "reference")
         times.append(1000.0 * (time.perf_counter() - begin))
     return sorted(times)[len(times) // 2]
 

@@ -57,6 +57,7 @@ class Runner:
             if not reply.get("ok"):
                 raise RunnerFailed("crash", "start", reply.get("error", "contestant did not start"))
             self.sandbox = reply["sandbox"]
+            self.startup_s = float(reply.get("startup_s") or 0.0)
 
     def ask(self, message: dict, stage: str, timeout: float, fds: list[int] = (), send: bool = True) -> dict:
         """Send a command, wait for the reply under a deadline; kill the process over a limit."""

@@ -3,7 +3,8 @@
 Landlock (Linux ≥ 5.13, unprivileged, root included) is the boundary: the process may write only its own folders;
 it may read everything except the verifier's work and cache trees (other candidates' folders, verdict tables),
 where it reads only what it is given; it cannot open TCP connections, signal or ptrace processes outside its
-sandbox (the referee, the job), reach their /proc files or connect to their abstract sockets. Where Landlock is
+sandbox (the referee, the job), open their memory or descriptors under /proc, or connect to their abstract sockets.
+(Their /proc/<pid>/environ stays readable: the trusted processes are started with a scrubbed environment.) Where Landlock is
 missing the process still runs, limited by rlimits only, and its verdict says so (`sandbox:none`).
 Stdlib only: it runs in the forked child before anything else.
 """
@@ -114,7 +115,8 @@ def confine(write: list[str], read: list[str], hidden: list[str], devices: bool)
         read_rights = _EXECUTE | _READ_FILE | _READ_DIR
         for path in readable_around(hidden) + list(read):
             _add_path(ruleset, path, read_rights, handled)
-        for path in write:
+        # CUDA's initialisation names its threads through /proc/self/task/<tid>/comm: the process's own threads only
+        for path in [*write, "/proc/self/task"]:
             _add_path(ruleset, path, handled, handled)
         device_paths = list(DEVICE_FILES)
         if devices:

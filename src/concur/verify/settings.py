@@ -5,12 +5,22 @@ from __future__ import annotations
 import os
 import shutil
 
-from concur import config
+import functools
+from pathlib import Path
+
+SCHEMA_PATH = Path(__file__).resolve().parents[3] / "schemas" / "config.schema.yaml"
+
+
+@functools.cache
+def _schema_defaults() -> dict:
+    import yaml
+
+    properties = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["verify"]["properties"]
+    return {key: spec.get("default") for key, spec in properties.items()}
 
 
 def defaults() -> dict:
-    properties = config.load_schema()["properties"]["verify"]["properties"]
-    return {key: spec.get("default") for key, spec in properties.items()}
+    return dict(_schema_defaults())
 
 
 def normalize(settings: dict | None, for_compile: bool = False) -> dict:

@@ -64,15 +64,17 @@ def summary(per_call: list[float]) -> dict:
     return {"mean_ms": mean, "median_ms": statistics.median(per_call), "cv": spread, "batches": len(per_call)}
 
 
-def deferred(candidate_handoff_ms: list[float], reference_handoff_ms: list[float]) -> bool:
-    """The candidate's hand-offs take clearly longer than the reference's for the same bytes, beyond their own
-    spread: it left work running past its reply (the excess is counted in its time either way)."""
+def deferred(candidate_handoff_ms: list[float], reference_handoff_ms: list[float],
+             candidate_forward_ms: list[float]) -> bool:  # fmt: skip
+    """The candidate's hand-offs take clearly longer than the reference's for the same bytes, beyond their spread
+    and as a share of its own batches: it left work running past its reply (the excess is counted either way)."""
     if not candidate_handoff_ms or not reference_handoff_ms:
         return False
     ref = statistics.median(reference_handoff_ms)
     spread = statistics.median(abs(h - ref) for h in reference_handoff_ms)
     excess = statistics.median(candidate_handoff_ms) - ref
-    return excess > max(DEFERRED_SHARE * ref, 4 * spread, DEFERRED_FLOOR_MS)
+    share = DEFERRED_SHARE * statistics.median(candidate_forward_ms)
+    return excess > max(DEFERRED_SHARE * ref, 4 * spread, DEFERRED_FLOOR_MS, share)
 
 
 def speedup(reference: dict, candidate: dict) -> float:
