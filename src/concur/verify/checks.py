@@ -154,7 +154,7 @@ def degenerate_kinds(ref: list, inputs: list, previous: list | None, settings: d
     if not ref or not all(isinstance(r, torch.Tensor) and r.numel() for r in ref):
         return set()
     flat = [r.reshape(-1) for r in ref]
-    means = [r.mean(dtype=torch.float64).item() if r.is_floating_point() else r.double().mean().item() for r in ref]
+    means = [_mean64(f) for f in flat]
     guesses = {"zeros": lambda i, at: torch.zeros_like(flat[i][at]),
                "constant": lambda i, at: torch.full_like(flat[i][at], means[i])}  # fmt: skip
     same = [x for x in inputs if isinstance(x, torch.Tensor) and len(ref) == 1 and x.shape == ref[0].shape]
@@ -170,6 +170,12 @@ def degenerate_kinds(ref: list, inputs: list, previous: list | None, settings: d
         if all(_passes_everywhere(guess, i, f, sample[i], settings) for i, f in enumerate(flat)):
             found.add(kind)
     return found
+
+
+def _mean64(flat) -> float:
+    """The mean in float64, chunk by chunk (a float64 copy of a multi-GB output would not fit beside it)."""
+    total = sum(float(flat[s : s + CHUNK].double().sum()) for s in range(0, flat.numel(), CHUNK))
+    return total / max(1, flat.numel())
 
 
 def _passes_everywhere(guess, index: int, flat, sample, settings: dict) -> bool:

@@ -156,8 +156,9 @@ def trusted_env() -> dict[str, str]:
 class RefereeHandle:
     """A referee process (concur.verify.referee) on one device."""
 
-    def __init__(self, device: str, gpu: str | None, cache_root: Path, threads: int, workers: int, confine: bool):
-        self.args = (device, gpu, cache_root, threads, workers, confine)
+    def __init__(self, device: str, gpu: str | None, cache_root: Path, threads: int, workers: int, confine: bool,
+                 profiler: bool):  # fmt: skip
+        self.args = (device, gpu, cache_root, threads, workers, confine, profiler)
         self.root = Path(tempfile.mkdtemp(prefix="concur-referee-"))
         self.log = self.root / "referee.log"
         mine, theirs = socket.socketpair()
@@ -172,7 +173,8 @@ class RefereeHandle:
         self.channel = procs.Channel(mine)
         try:
             self.channel.send({"device": device, "workdir": str(self.root), "cache_root": str(cache_root),
-                               "threads": threads, "workers": workers, "confine": confine})  # fmt: skip
+                               "threads": threads, "workers": workers, "confine": confine,
+                               "profiler": profiler})  # fmt: skip
             reply, _ = self.channel.recv(timeout=REFEREE_START_S)
         except (procs.ChannelClosed, TimeoutError, OSError) as err:
             raise RuntimeError(f"the referee did not start ({type(err).__name__}); see {self.log}") from None
@@ -223,14 +225,15 @@ def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
     else:
         slots, threads = [None] * workers, max(1, cores // workers)
     confine = settings["sandbox"] != "off"
-    key = (settings["device"], tuple(str(s) for s in slots), str(cache_root), threads, workers, confine)
+    profiler = settings["device"] == "cuda" and settings["mode"] == "hardened"
+    key = (settings["device"], tuple(str(s) for s in slots), str(cache_root), threads, workers, confine, profiler)
     with _LOCK:
         if _POOL is not None and _POOL[0] == key and all(h.proc.poll() is None for h in _POOL[1]):
             return _POOL[1]
         close_referees()
         with ThreadPoolExecutor(max_workers=len(slots)) as pool:
             handles = list(pool.map(lambda gpu: RefereeHandle(settings["device"], gpu, cache_root, threads, workers,
-                                                              confine), slots))  # fmt: skip
+                                                              confine, profiler), slots))  # fmt: skip
         _POOL = (key, handles)
         return handles
 

@@ -35,6 +35,7 @@ class Referee:
         self.cache_root = Path(hello["cache_root"])
         self.threads, self.workers = int(hello["threads"]), int(hello["workers"])
         self.confine = bool(hello.get("confine", True))
+        self.profiler = bool(hello.get("profiler", False))  # hardened jobs on CUDA profile their candidates
         self.zygote = procs.Zygote(str(self.workdir / "zygote.log"), env={"CUDA_MODULE_LOADING": "LAZY"})
         import torch
 
@@ -62,7 +63,7 @@ class Referee:
         folder = self.workdir / "contestants" / f"{os.getpid()}-{self.serial}"
         hidden = [str(self.workdir), str(self.cache_root)] if self.confine else None
         return Runner(self.zygote, folder, self.device, self.threads, hidden, [str(self.cache_root)], memory_mb,
-                      max_processes)  # fmt: skip
+                      max_processes, self.profiler)  # fmt: skip
 
     def refill(self, memory_mb: int = 16384, max_processes: int = 64) -> None:
         while len(self.pool) < self.workers:

@@ -39,12 +39,12 @@ class Runner:
     """One contestant process, started at once; `ready()` waits for it to have made its CUDA context."""
 
     def __init__(self, zygote: procs.Zygote, folder: Path, device: str, threads: int, hidden: list[str] | None,
-                 readable: list[str], memory_mb: int, max_processes: int):  # fmt: skip
+                 readable: list[str], memory_mb: int, max_processes: int, profiler: bool = False):  # fmt: skip
         self.zygote, self.folder, self.device = zygote, folder, device
         (folder / "tmp").mkdir(parents=True, exist_ok=True)
         self.memory_kb, self.max_processes = memory_mb * 1024, max_processes
         spec = {"role": "contestant", "cwd": str(folder), "env": contestant_env(folder, threads),
-                "log": str(folder / "contestant.log"), "device": device, "threads": threads,
+                "log": str(folder / "contestant.log"), "device": device, "threads": threads, "profiler": profiler,
                 "sandbox": None if hidden is None else {"write": [str(folder)], "read": readable, "hidden": hidden,
                                                         "devices": device == "cuda"}}  # fmt: skip
         self.pid, self.channel = zygote.spawn(spec)
