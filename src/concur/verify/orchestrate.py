@@ -157,8 +157,8 @@ class RefereeHandle:
     """A referee process (concur.verify.referee) on one device."""
 
     def __init__(self, device: str, gpu: str | None, cache_root: Path, threads: int, workers: int, confine: bool,
-                 profiler: bool):  # fmt: skip
-        self.args = (device, gpu, cache_root, threads, workers, confine, profiler)
+                 profiler: bool, cpus: list[int] | None):  # fmt: skip
+        self.args = (device, gpu, cache_root, threads, workers, confine, profiler, cpus)
         self.root = Path(tempfile.mkdtemp(prefix="concur-referee-"))
         self.log = self.root / "referee.log"
         mine, theirs = socket.socketpair()
@@ -174,7 +174,7 @@ class RefereeHandle:
         try:
             self.channel.send({"device": device, "workdir": str(self.root), "cache_root": str(cache_root),
                                "threads": threads, "workers": workers, "confine": confine,
-                               "profiler": profiler})  # fmt: skip
+                               "profiler": profiler, "cpus": cpus})  # fmt: skip
             reply, _ = self.channel.recv(timeout=REFEREE_START_S)
         except (procs.ChannelClosed, TimeoutError, OSError) as err:
             raise RuntimeError(f"the referee did not start ({type(err).__name__}); see {self.log}") from None
@@ -222,8 +222,11 @@ def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
     if settings["device"] == "cuda":
         gpus = verify_settings.visible_gpus()
         slots, threads = gpus, max(1, cores // (len(gpus) * (workers + 1)))
+        mine = sorted(os.sched_getaffinity(0))
+        share = max(1, len(mine) // len(gpus))
+        cpus = [mine[i * share : (i + 1) * share] for i in range(len(gpus))]  # each GPU's referee its own cores
     else:
-        slots, threads = [None] * workers, max(1, cores // workers)
+        slots, threads, cpus = [None] * workers, max(1, cores // workers), [None] * workers
     confine = settings["sandbox"] != "off"
     profiler = settings["device"] == "cuda" and settings["mode"] == "hardened"
     key = (settings["device"], tuple(str(s) for s in slots), str(cache_root), threads, workers, confine, profiler)
@@ -232,8 +235,9 @@ def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
             return _POOL[1]
         close_referees()
         with ThreadPoolExecutor(max_workers=len(slots)) as pool:
-            handles = list(pool.map(lambda gpu: RefereeHandle(settings["device"], gpu, cache_root, threads, workers,
-                                                              confine, profiler), slots))  # fmt: skip
+            handles = list(pool.map(lambda slot: RefereeHandle(settings["device"], slot[0], cache_root, threads,
+                                                               workers, confine, profiler, slot[1]),
+                                    zip(slots, cpus)))  # fmt: skip
         _POOL = (key, handles)
         return handles
 

@@ -280,6 +280,18 @@ def session_usage(sid: int) -> tuple[int, int]:
     return processes, memory_kb
 
 
+def move_threads(pid: int, cpus: list[int]) -> None:
+    """Move every thread of a process to these cores (a process's own affinity covers only its main thread)."""
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except OSError:
+                pass
+    except OSError:
+        pass
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU time of a process, all its threads together."""
     stat = _stat(str(pid))

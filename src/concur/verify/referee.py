@@ -28,6 +28,15 @@ from concur.verify.runner import Runner
 
 
 
+def split_cores(cpus: list[int] | None, threads: int) -> tuple[list[int], list[int]]:
+    """(active, spare): the cores for this referee and the contestant it times, and the cores on which the next
+    contestants start (CUDA and CUPTI start-up takes seconds of CPU). Nothing is split on fewer than 4 cores."""
+    if not cpus or len(cpus) < 4:
+        return [], []
+    active = max(3, min(threads + 2, len(cpus) // 2))
+    return list(cpus[:active]), list(cpus[active:])
+
+
 class Referee:
     def __init__(self, hello: dict):
         self.device = hello["device"]
@@ -35,8 +44,14 @@ class Referee:
         self.cache_root = Path(hello["cache_root"])
         self.threads, self.workers = int(hello["threads"]), int(hello["workers"])
         self.confine = bool(hello.get("confine", True))
+        self.active, self.spare = split_cores(hello.get("cpus"), self.threads)
+        if self.active:  # this process and the contestant being judged never share cores with starting ones
+            os.sched_setaffinity(0, self.active)
         self.profiler = bool(hello.get("profiler", False))  # hardened jobs on CUDA profile their candidates
-        self.zygote = procs.Zygote(str(self.workdir / "zygote.log"), env={"CUDA_MODULE_LOADING": "LAZY"})
+        zygote_env = {"CUDA_MODULE_LOADING": "LAZY"}
+        if self.spare:
+            zygote_env["CONCUR_CPUS"] = ",".join(map(str, self.spare))
+        self.zygote = procs.Zygote(str(self.workdir / "zygote.log"), env=zygote_env)
         import torch
 
         self.torch = torch
@@ -73,6 +88,8 @@ class Referee:
         runner = self.pool.popleft() if self.pool else self.spawn(memory_mb, max_processes)
         runner.memory_kb, runner.max_processes = memory_mb * 1024, max_processes
         runner.ready()
+        if self.active:
+            procs.move_threads(runner.pid, self.active)
         return runner
 
     # ------------------------------------------------------------ inputs and outputs
