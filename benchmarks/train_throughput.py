@@ -42,7 +42,7 @@ WORDS = ("tensor kernel block thread float index stride warp shared memory load 
 def synthetic_records(tokenizer, n: int, min_tokens: int, max_tokens: int, seed: int) -> list[dict]:
     """`n` chat records whose whole conversation is about min..max tokens long (log-uniform), assistant last."""
     rng = random.Random(seed)
-    prompt_tokens = len(train._chat_ids(tokenizer, [{"role": "user", "content": _prompt(0)}], True))
+    prompt_tokens = len(train.records.chat_ids(tokenizer, [{"role": "user", "content": _prompt(0)}], True))
     records = []
     for index in range(n):
         total = math.exp(rng.uniform(math.log(min_tokens), math.log(max_tokens)))
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
         results = [measure(records, spec, args, packing, Path(folder)) for packing in (False, True)]
     print(table(results), flush=True)
     report = {"device": device, "model": spec, "args": vars(args), "results": results,
-              "versions": train._trainer_versions()}
+              "versions": train.trainer.trainer_versions()}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -38,30 +38,6 @@ def shard_files(kind, generator=TEACHER):
     return [results(kind, generator, f"shard-{i}.parquet") for i in SHARDS]
 
 
-def task_source_files(wildcards):
-    """The files behind the task sources, so editing a task reruns the tasks rule.
-
-    Only what exists locally and is cheap to list: a table file, the tables of a folder, a KernelBench level's
-    programs. A hub id or a missing path adds nothing (the tasks job names the problem), so planning never reads
-    a large source.
-    """
-    files = []
-    for source in config["tasks"]["sources"]:
-        path, kind = source["path"], source["kind"]
-        if kind == "builtin":
-            files += [os.path.join(path, "suite.yaml")]
-            files += sorted(glob.glob(os.path.join(path, "*", "*.py")))
-        elif os.path.isfile(path):
-            files.append(path)
-        elif os.path.isdir(path):
-            levels = source.get("levels") or ["[0-9]*"]
-            patterns = ["**/*.py"] if kind == "folder" else ["*.parquet", "*.jsonl", "*.json"]
-            if kind == "kernelbench":
-                patterns += [f"{sub}level{level}/*.py" for sub in ("", "KernelBench/") for level in levels]
-            files += sorted(f for pattern in patterns for f in glob.glob(os.path.join(path, pattern), recursive=True))
-    return files
-
-
 def replay_file(wildcards):
     """The generations file a replay generator reads (nothing for model-backed generators)."""
     generator = config["generators"][wildcards.generator]

@@ -1,7 +1,8 @@
 rule tasks:
     """Collect the configured task sources into the train and eval tables; report rejected and contaminated tasks."""
     input:
-        task_source_files,
+        # the local files the sources read (concur.tasks.input_files), so editing a program reruns this rule
+        concur_tasks.input_files(config["tasks"]["sources"]),
     output:
         train=results("tasks", "train.parquet"),
         eval=results("tasks", "eval.parquet"),

@@ -14,7 +14,10 @@ import pytest
 import torch
 import yaml
 
-from concur import models, train
+from concur import config as concur_config
+from concur import figures, models, train
+from concur.train import checkpoints, launch
+from concur.train import trainer as sft_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE_CONFIGS = ROOT / "configs" / "accelerate"
@@ -61,7 +64,7 @@ def base_model():
 def loading_copies_of(model):
     """train_adapter gets a copy of the module's model instead of loading (~20 s) it again."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train, "load_model", lambda spec, device="cpu": copy.deepcopy(model))
+        patch.setattr(sft_trainer, "load_model", lambda spec, device="cpu": copy.deepcopy(model))
         yield
 
 
@@ -81,10 +84,10 @@ def prompt_ids(example: dict) -> list[int]:
 
 def built_trainer(records, settings, model, folder):
     """The SFTTrainer train_adapter would build (TRL has tokenised, masked and maybe packed the records)."""
-    settings = train._with_defaults(settings)
-    args = train._sft_config(settings, folder, on_cuda=False)
+    settings = concur_config.with_defaults("train", settings)
+    args = sft_trainer.sft_config(settings, folder, on_cuda=False)
     with loading_copies_of(model):
-        return train._build_trainer(records, SPEC, settings, models.load_tokenizer(SPEC), args, "cpu", None)
+        return sft_trainer.build_trainer(records, SPEC, settings, models.load_tokenizer(SPEC), args, "cpu", None)
 
 
 @pytest.fixture(scope="module")
@@ -160,16 +163,16 @@ def test_bad_messages_name_the_record():
     bad = record("c0ffee", "hi", "there")
     bad["messages"] = bad["messages"][:1] * 2
     with pytest.raises(ValueError, match=r"SFT record 'c0ffee': .*last turn must have role 'assistant', not 'user'"):
-        train.encode_records([bad], StubTokenizer([1, 2, 3, 4]), 10)
+        train.select_records([bad], StubTokenizer([1, 2, 3, 4]), 10)
 
 
 def test_labels_the_trainer_disagrees_on_are_an_error():
     from datasets import Dataset
 
     rows = Dataset.from_list([{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}])
-    train._check_labels(rows, 2)
+    sft_trainer.check_labels(rows, 2)
     with pytest.raises(RuntimeError, match="label 2 tokens where the assistant turns hold 3"):
-        train._check_labels(rows, 3)
+        sft_trainer.check_labels(rows, 3)
 
 
 def test_the_gguf_model_loads_as_a_plain_trainable_model(base_model):
@@ -275,7 +278,7 @@ def test_packed_training_lowers_the_loss_and_writes_the_adapter(tokenizer, train
 def test_the_loss_figure_plots_the_log(tmp_path):
     log = [{"step": s, "epoch": s / 2, "loss": 3.0 / s, "tokens_per_s": 10.0 * s, "input_tokens_per_s": 20.0 * s}
            for s in range(1, 7)]
-    figure = train.loss_figure(log, "title")
+    figure = figures.loss_figure(log, "title")
     loss_axes, speed_axes = figure.axes
     assert loss_axes.lines[0].get_xydata().tolist() == [[e["step"], e["loss"]] for e in log]
     assert [line.get_xdata()[0] for line in loss_axes.lines[1:]] == [2, 4]  # epochs 1 and 2 end; 3 is the last
@@ -356,22 +359,22 @@ def test_last_checkpoint_skips_a_half_saved_one(tmp_path):
 def test_checkpoints_of_other_records_are_not_resumed(tmp_path):
     make_checkpoint(tmp_path, 4)
     (tmp_path / train.FINGERPRINT).write_text("abc\n")
-    assert train._usable_checkpoint(tmp_path, "abc", None) == str(tmp_path / "checkpoint-4")
+    assert checkpoints.usable_checkpoint(tmp_path, "abc", None) == str(tmp_path / "checkpoint-4")
     # another process of a launch only looks: it neither deletes nor stamps
-    assert train._usable_checkpoint(tmp_path, "def", None, write=False) is None
+    assert checkpoints.usable_checkpoint(tmp_path, "def", None, write=False) is None
     assert (tmp_path / "checkpoint-4").exists() and (tmp_path / train.FINGERPRINT).read_text() == "abc\n"
-    assert train._usable_checkpoint(tmp_path, "def", None) is None
+    assert checkpoints.usable_checkpoint(tmp_path, "def", None) is None
     assert not (tmp_path / "checkpoint-4").exists()
     assert (tmp_path / train.FINGERPRINT).read_text() == "def\n"
 
 
 def test_fingerprint_ignores_epochs_and_gpus_but_not_the_records_or_packing():
-    base = train._fingerprint([ADD], SPEC, SETTINGS)
+    base = checkpoints.run_fingerprint([ADD], SPEC, SETTINGS)
     for same in ({"epochs": 9}, {"gpus": 8, "distributed": "deepspeed_zero3"}, {"merge": True}, {"max_steps": 3}):
-        assert train._fingerprint([ADD], SPEC, {**SETTINGS, **same}) == base
-    assert train._fingerprint([RELU], SPEC, SETTINGS) != base
+        assert checkpoints.run_fingerprint([ADD], SPEC, {**SETTINGS, **same}) == base
+    assert checkpoints.run_fingerprint([RELU], SPEC, SETTINGS) != base
     for other in ({"learning_rate": 1.0}, {"packing": True}, {"max_length": 128}):
-        assert train._fingerprint([ADD], SPEC, {**SETTINGS, **other}) != base
+        assert checkpoints.run_fingerprint([ADD], SPEC, {**SETTINGS, **other}) != base
 
 
 # --- the stage entry point and the multi-GPU launch ---------------------------------------------------------------
@@ -387,8 +390,8 @@ def curated_table(folder: Path) -> Path:
 
 def test_run_trains_in_this_process_on_one_gpu_or_none(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(train, "train_adapter", lambda *args, **kwargs: calls.append((args, kwargs)) or {})
-    monkeypatch.setattr(train.subprocess, "run", lambda *a, **k: pytest.fail("no launch for one process"))
+    monkeypatch.setattr(launch, "train_adapter", lambda *args, **kwargs: calls.append((args, kwargs)) or {})
+    monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: pytest.fail("no launch for one process"))
     out = tmp_path / "adapters" / "concur"
     train.run(str(curated_table(tmp_path)), SPEC, {**SETTINGS, "gpus": 1}, str(out), figure_path="f.png")
     (records, spec, settings, out_dir), kwargs = calls[0]
@@ -401,7 +404,7 @@ def test_run_trains_in_this_process_on_one_gpu_or_none(tmp_path, monkeypatch):
 def test_eight_gpus_launch_eight_processes_through_accelerate(tmp_path):
     job = tmp_path / "launch.json"
     for distributed in train.DISTRIBUTED:
-        settings = train._with_defaults({**SETTINGS, "gpus": 8, "distributed": distributed})
+        settings = concur_config.with_defaults("train", {**SETTINGS, "gpus": 8, "distributed": distributed})
         config = train.accelerate_config_file(settings, ACCELERATE_CONFIGS)
         assert config == str(ACCELERATE_CONFIGS / f"{distributed}.yaml")
         assert train.launch_command(8, config, job, port=29555) == [
@@ -416,7 +419,7 @@ def test_eight_gpus_launch_eight_processes_through_accelerate(tmp_path):
         assert (args.multi_gpu, args.use_fsdp, args.use_deepspeed) == (
             distributed == "ddp", distributed == "fsdp", distributed == "deepspeed_zero3")
         assert (args.module, args.training_script, args.training_script_args) == (True, "concur.train", [str(job)])
-    own = train._with_defaults({**SETTINGS, "gpus": 8, "accelerate_config": "cluster/multinode.yaml"})
+    own = concur_config.with_defaults("train", {**SETTINGS, "gpus": 8, "accelerate_config": "cluster/multinode.yaml"})
     assert train.accelerate_config_file(own, ACCELERATE_CONFIGS) == "cluster/multinode.yaml"
     free = train.launch_command(2, "x.yaml", job)
     assert 0 < int(free[free.index("--main_process_port") + 1]) < 65536
@@ -434,8 +437,8 @@ def test_run_with_eight_gpus_hands_the_job_to_the_launched_processes(tmp_path, m
         (out / "train_summary.json").write_text('{"steps": 7}')
         return type("Finished", (), {"returncode": 0})()
 
-    monkeypatch.setattr(train, "_require_gpus", lambda gpus: None)
-    monkeypatch.setattr(train.subprocess, "run", fake_launch)
+    monkeypatch.setattr(launch, "require_gpus", lambda gpus: None)
+    monkeypatch.setattr(launch.subprocess, "run", fake_launch)
     settings = {**SETTINGS, "gpus": 8, "distributed": "deepspeed_zero3"}
     summary = train.run(str(curated_table(tmp_path)), SPEC, settings, str(out), accelerate_configs=ACCELERATE_CONFIGS)
     assert summary == {"steps": 7}
@@ -447,7 +450,7 @@ def test_run_with_eight_gpus_hands_the_job_to_the_launched_processes(tmp_path, m
 
 def test_more_gpus_than_visible_is_an_error():
     with pytest.raises(RuntimeError, match="train.gpus is 64 but"):
-        train._require_gpus(64)
+        launch.require_gpus(64)
 
 
 @pytest.mark.parametrize("name, kind", [("ddp", "MULTI_GPU"), ("fsdp", "FSDP"), ("deepspeed_zero3", "DEEPSPEED")])

@@ -27,6 +27,8 @@ from typing import Collection, Iterator, Protocol
 
 import pandas as pd
 
+from . import config
+
 log = logging.getLogger(__name__)
 
 NOTHING: frozenset = frozenset()
@@ -234,7 +236,8 @@ class VLLMBackend:
         self.vllm = vllm
         self.settings = settings
         self.adapter = str(adapter) if adapter else None
-        self.chunk = int(generator.get("prompts_per_call", 512))
+        generator = config.with_defaults("generator", generator)
+        self.chunk = int(generator["prompts_per_call"])
         self.llm = vllm.LLM(**engine_kwargs(generator, model_spec, settings, self.adapter))
 
     def generate(self, requests: list[Request], samples: int,
@@ -265,10 +268,11 @@ def engine_kwargs(generator: dict, model_spec: dict, settings: dict, adapter: st
     """Arguments of `vllm.LLM`: tensor parallelism over the rule's GPUs unless `tensor_parallel_size` is set."""
     from .models import lora_rank, resolve_path
 
+    generator = config.with_defaults("generator", generator)
     kwargs = {"model": resolve_path(model_spec),
               "tensor_parallel_size": generator.get("tensor_parallel_size") or max(1, int(settings.get("gpus") or 1)),
               "dtype": model_spec.get("dtype", "auto"), "seed": int(settings["seed"]),
-              "gpu_memory_utilization": generator.get("gpu_memory_utilization", 0.9)}
+              "gpu_memory_utilization": generator["gpu_memory_utilization"]}
     for key in ("max_model_len", "max_num_seqs"):
         if generator.get(key):
             kwargs[key] = generator[key]
@@ -306,14 +310,15 @@ class OpenAIBackend:
     name = "openai"
 
     def __init__(self, generator: dict, settings: dict):
+        generator = config.with_defaults("generator", generator)
         self.api_key = api_key(generator)
         self.url = generator["base_url"].rstrip("/") + "/chat/completions"
         self.model = generator["model"]
-        self.concurrency = int(generator.get("max_concurrency", 8))
-        self.retries = int(generator.get("max_retries", 6))
-        self.timeout = float(generator.get("request_timeout_s", 600))
-        self.backoff = float(generator.get("backoff_s", 1.0))
-        self.request_n = bool(generator.get("request_n", True))
+        self.concurrency = int(generator["max_concurrency"])
+        self.retries = int(generator["max_retries"])
+        self.timeout = float(generator["request_timeout_s"])
+        self.backoff = float(generator["backoff_s"])
+        self.request_n = bool(generator["request_n"])
         self.settings = settings
 
     def generate(self, requests: list[Request], samples: int,

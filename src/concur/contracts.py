@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+SPLITS = ("train", "eval")
+
 TASKS = {
     "task_id": "str",
     "split": "str",

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from concur import contracts
+from concur import config, contracts
 from concur.io import read_parquets, write_jsonl, write_parquet, write_text
 
 CRITERIA = ("shortest_fastest", "high_speedup", "single_op_balance")
@@ -190,11 +190,12 @@ def sft_record(row) -> dict:
 
 def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame, settings: dict) -> Curated:
     """Build the ConCuR dataset, its ablation subsets, the SFT records and the dataset card."""
-    selection = settings.get("selection", "strict")
-    threshold = float(settings.get("speedup_threshold", 5.0))
-    share = float(settings.get("single_op_share", 0.3))
-    ablations = list(settings.get("ablations", ABLATIONS))
-    seed = int(settings.get("seed", 0))
+    settings = config.with_defaults("curate", settings)
+    selection = settings["selection"]
+    threshold = float(settings["speedup_threshold"])
+    share = float(settings["single_op_share"])
+    ablations = list(settings["ablations"])
+    seed = int(settings["seed"])
     if not 0 <= share <= 1:
         raise ValueError(f"curate.single_op_share: {share} is not in 0..1")
     unknown = [a for a in ablations if a not in ABLATIONS]

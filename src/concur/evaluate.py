@@ -21,6 +21,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from concur import config
 from concur.metrics import DIFFICULTIES, check_thresholds, difficulty_labels, geomean, pass_at_k
 
 SCOPES = ("overall", "level", "category", "difficulty")
@@ -92,8 +93,8 @@ def score(verdicts_by_model: dict[str, pd.DataFrame], tasks: pd.DataFrame, setti
           difficulty: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per model x scope x group, columns of `score_columns`: overall/all, each level, each category and,
     with a `difficulty` table (task_id, difficulty), each difficulty band that has tasks (Easy, Medium, Hard)."""
-    pass_k = list(settings.get("pass_k", [1, 10]))
-    fast_p = list(settings.get("fast_p", [0, 0.5, 0.8, 1, 1.5, 2]))
+    settings = config.with_defaults("evaluate", settings)
+    pass_k, fast_p = list(settings["pass_k"]), list(settings["fast_p"])
     rows = []
     for model, verdicts in verdicts_by_model.items():
         frame = _with_task_info(verdicts, tasks, model, difficulty)
@@ -202,13 +203,13 @@ def table_markdown(scores: pd.DataFrame, settings: dict, models: dict[str, dict]
     models = models or {}
     if scores.empty:
         return "# Evaluation results\n\nNo evaluation scores.\n"
-    pass_k = list(settings.get("pass_k", [1, 10]))
-    metrics = _table_metrics(pass_k)
+    settings = config.with_defaults("evaluate", settings)
+    metrics = _table_metrics(settings["pass_k"])
     fast = fast_name(TABLE_FAST_P)
     lines = ["# Evaluation results", "",
              f"Values in %. Exec@k: unbiased pass@k of a correct kernel; {fast}@k: of a correct kernel faster than "
              f"PyTorch eager (speedup > {TABLE_FAST_P}); each the mean over tasks of the per-task estimate from "
-             f"{settings.get('samples', '?')} samples per task at temperature {settings.get('temperature', '?')}; "
+             f"{settings['samples']} samples per task at temperature {settings['temperature']}; "
              "– where no task of the group has k samples. L1, L2, …: KernelBench levels. Every number is in "
              "eval/scores.csv; this table is eval/table.csv.", ""]
     lines += _markdown_grid(scores, [(s, g, "All" if g == "all" else p) for s, g, p in _level_groups(scores)],
@@ -248,16 +249,17 @@ def run_scoring(verified_paths: dict, tasks_path, difficulty_path, settings: dic
     """Score every model's eval verdicts. `outputs` has .csv (scores.csv), .table_csv, .table_md and .difficulty;
     `difficulty_path` is the difficulty model's eval candidates; `models` maps each model to its kind and
     generator."""
-    from concur.io import atomic_path, write_text
+    from concur.io import write_csv, write_text
 
+    settings = config.with_defaults("evaluate", settings)
+    thresholds = config.with_defaults("analyze", thresholds)
     tasks = pd.read_parquet(tasks_path)
-    ref = settings.get("difficulty_model", "base")
+    ref = settings["difficulty_model"]
     difficulty = task_difficulty(pd.read_parquet(difficulty_path), tasks, ref, float(thresholds["easy_below"]),
                                  float(thresholds["hard_above"]))
     scores = score({model: pd.read_parquet(path) for model, path in verified_paths.items()}, tasks, settings,
                    difficulty)
-    table = results_table(scores, list(settings.get("pass_k", [1, 10])), models)
+    table = results_table(scores, list(settings["pass_k"]), models)
     for frame, path in ((scores, outputs.csv), (table, outputs.table_csv), (difficulty, outputs.difficulty)):
-        with atomic_path(path) as tmp:
-            frame.to_csv(tmp, index=False)
+        write_csv(frame, path)
     write_text(table_markdown(scores, settings, models, difficulty, thresholds), outputs.table_md)
