@@ -114,6 +114,25 @@ def gpus(section):
     return config[section]["gpus"]
 
 
+def _per_job(value, formula):
+    """formula(value), or a function of the wildcards when `value` is one (a GPU count that differs per job)."""
+    if callable(value):
+        return lambda wildcards: formula(value(wildcards))
+    return formula(value)
+
+
+def model_job_threads(gpus):
+    """Cores of a job that runs a model on `gpus` GPUs (a number, or a function of the wildcards): 4 per GPU, at
+    least 2."""
+    return _per_job(gpus, lambda n: max(2, 4 * n))
+
+
+def model_job_resources(gpus, mem_mb, runtime):
+    """Resources of a job that runs a model on `gpus` GPUs: the GPUs (`gpu`, which the SLURM profile turns into
+    --gpus), `mem_mb` plus 32 GB of host memory per GPU (a large model's weights pass through it), `runtime` minutes."""
+    return {"gpu": gpus, "mem_mb": _per_job(gpus, lambda n: mem_mb + 32000 * n), "runtime": runtime}
+
+
 def final_targets():
     return [
         results("dataset", "concur.parquet"),

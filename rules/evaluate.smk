@@ -27,40 +27,29 @@ rule eval_generate:
         benchmark_path("eval", "{model}", "generate")
     conda:
         "../envs/torch.yaml"
-    threads: lambda wc: max(2, 4 * eval_gpus(wc))
+    threads: model_job_threads(eval_gpus)
     resources:
-        gpu=eval_gpus,
-        mem_mb=lambda wc: 8000 + 32000 * eval_gpus(wc),  # host memory to load a large model's weights, per GPU
-        runtime=12 * 60,
+        **model_job_resources(eval_gpus, mem_mb=8000, runtime=12 * 60),
     script:
         "../scripts/eval_generate.py"
 
 
-rule eval_compile:
-    """Build the eval generations' extensions into the shared build cache (a CPU job)."""
+# the eval generations' extensions, built into the shared build cache (a CPU job)
+use rule compile as eval_compile with:
     input:
         candidates=results("eval", "{model}", "candidates.parquet"),
     output:
         results("eval", "{model}", "builds.parquet"),
     params:
-        settings=compile_settings(),
         workdir=lambda wc: results("scratch", "eval-compile", wc.model),
     log:
         log_path("eval", "{model}", "compile"),
     benchmark:
         benchmark_path("eval", "{model}", "compile")
-    conda:
-        "../envs/torch.yaml"
-    threads: config["verify"]["compile_threads"]
-    resources:
-        mem_mb=lambda wc, threads: 4000 * threads,
-        runtime=6 * 60,
-    script:
-        "../scripts/compile.py"
 
 
-rule eval_verify:
-    """The same verifier as for training candidates, on the eval generations."""
+# the same verifier as for training candidates, on the eval generations
+use rule verify as eval_verify with:
     input:
         candidates=results("eval", "{model}", "candidates.parquet"),
         builds=results("eval", "{model}", "builds.parquet"),
@@ -68,21 +57,11 @@ rule eval_verify:
     output:
         results("eval", "{model}", "verified.parquet"),
     params:
-        settings=verify_settings(),
         workdir=lambda wc: results("scratch", "eval", wc.model),
     log:
         log_path("eval", "{model}", "verify"),
     benchmark:
         benchmark_path("eval", "{model}", "verify")
-    conda:
-        "../envs/torch.yaml"
-    threads: config["verify"]["workers"]
-    resources:
-        gpu=gpus("verify"),
-        mem_mb=verify_mem_mb,
-        runtime=6 * 60,
-    script:
-        "../scripts/verify.py"
 
 
 rule eval_score:

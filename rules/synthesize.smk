@@ -24,10 +24,8 @@ rule synthesize:
         benchmark_path("synthesize", "{generator}", "shard-{shard}")
     conda:
         "../envs/torch.yaml"
-    threads: max(2, 4 * gpus("synthesize"))
+    threads: model_job_threads(gpus("synthesize"))
     resources:
-        gpu=gpus("synthesize"),
-        mem_mb=8000 + 32000 * gpus("synthesize"),  # host memory to load a large model's weights, per GPU
-        runtime=24 * 60,
+        **model_job_resources(gpus("synthesize"), mem_mb=8000, runtime=24 * 60),
     script:
         "../scripts/synthesize.py"
