@@ -15,6 +15,7 @@ os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PY
 
 from concur import config as concur_config
 from concur import tasks as concur_tasks
+from concur import workflow as concur_workflow
 
 
 configfile: "config.yaml"

@@ -1,16 +1,12 @@
-# Helper functions and constants shared by every rule file. Rules never compute paths themselves.
+# Helper functions and constants shared by every rule file. Rules never compute paths themselves; what a stage
+# receives from the config is made by concur.workflow, which the `concur` command uses too.
 
-RESULTS = config["results"]
 SHARDS = list(range(config["tasks"]["shards"]))
 TEACHER = config["synthesize"]["generator"]
 ADAPTERS = config["train"]["adapters"]
-BASE_GENERATOR = config["evaluate"]["base_generator"]
 BASELINES = config["evaluate"]["baselines"]
-# every evaluated model: the base generator, the base generator plus each adapter, each baseline generator
-EVAL_MODELS = ["base"] + ADAPTERS + BASELINES
+EVAL_MODELS = concur_workflow.eval_models(config)
 DIFFICULTY_MODEL = config["evaluate"]["difficulty_model"]
-# what eval generation depends on: changing pass_k, baselines or the difficulty model reruns no generation
-EVAL_GENERATION_KEYS = ["samples", "temperature", "top_p", "max_new_tokens", "batch_size", "seed", "gpus"]
 
 
 wildcard_constraints:
@@ -22,7 +18,7 @@ wildcard_constraints:
 
 def results(*parts):
     """A path under the configured results folder."""
-    return os.path.join(RESULTS, *parts)
+    return concur_workflow.results_path(config, *parts)
 
 
 def log_path(*parts):
@@ -55,13 +51,8 @@ def eval_adapter_dir(wildcards):
     return [results("adapters", wildcards.model)] if wildcards.model in ADAPTERS else []
 
 
-def eval_generator_name(model):
-    """The generators entry behind an evaluated model: a baseline's own, else the base generator."""
-    return model if model in BASELINES else BASE_GENERATOR
-
-
 def eval_generator(wildcards):
-    return config["generators"][eval_generator_name(wildcards.model)]
+    return config["generators"][concur_workflow.eval_generator_name(config, wildcards.model)]
 
 
 def eval_replay_file(wildcards):
@@ -71,37 +62,7 @@ def eval_replay_file(wildcards):
 
 
 def eval_gpus(wildcards):
-    """GPUs of one eval generation job: none for a baseline behind an endpoint or a replay file."""
-    return 0 if eval_generator(wildcards)["backend"] in ("openai", "replay") else gpus("evaluate")
-
-
-def eval_generation_settings():
-    return {key: config["evaluate"][key] for key in EVAL_GENERATION_KEYS}
-
-
-def eval_model_info():
-    """Kind (base, adapter, baseline) and generators entry of every evaluated model, for the results table."""
-    kinds = {"base": "base", **{a: "adapter" for a in ADAPTERS}, **{b: "baseline" for b in BASELINES}}
-    return {model: {"kind": kinds[model], "generator": eval_generator_name(model)} for model in EVAL_MODELS}
-
-
-def eval_api_key_variables():
-    """The API key variables of the evaluated generators (the base one and each baseline)."""
-    names = [BASE_GENERATOR] + BASELINES
-    return sorted({config["generators"][n]["api_key_env"] for n in names if config["generators"][n].get("api_key_env")})
-
-
-COMPILE_KEYS = ["device", "mode", "cuda_arch", "host_compiler", "timeout_s", "memory_limit_mb", "max_processes"]
-
-
-def verify_settings():
-    """The verify section with the build cache resolved (shared by compile and verify jobs)."""
-    return {**config["verify"], "build_cache": config["verify"]["build_cache"] or results("build-cache")}
-
-
-def compile_settings():
-    """Only what changes a build: editing timing or correctness settings must not rerun the compile jobs."""
-    return {key: value for key, value in verify_settings().items() if key in COMPILE_KEYS + ["build_cache"]}
+    return concur_workflow.eval_gpus(config, wildcards.model)
 
 
 def verify_mem_mb(wildcards, threads):

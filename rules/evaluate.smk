@@ -1,9 +1,10 @@
 # The API key variables of openai generators evaluated (the base one, baselines) must be set before the run
 # starts; cluster jobs receive them.
-if eval_api_key_variables():
+EVAL_API_KEYS = concur_workflow.api_key_variables(config, [config["evaluate"]["base_generator"], *BASELINES])
+if EVAL_API_KEYS:
 
     envvars:
-        *eval_api_key_variables(),
+        *EVAL_API_KEYS,
 
 
 rule eval_generate:
@@ -16,9 +17,9 @@ rule eval_generate:
     output:
         results("eval", "{model}", "candidates.parquet"),
     params:
-        settings=eval_generation_settings(),
+        settings=concur_workflow.eval_generation_settings(config),
         generator=eval_generator,
-        generator_name=lambda wc: eval_generator_name(wc.model),
+        generator_name=lambda wc: concur_workflow.eval_generator_name(config, wc.model),
         models=config["models"],
         language=config["synthesize"]["language"],
     log:
@@ -81,10 +82,9 @@ rule eval_score:
         table_md=results("eval", "table.md"),
         difficulty=results("eval", "difficulty.csv"),
     params:
-        settings={key: config["evaluate"][key] for key in ("pass_k", "fast_p", "difficulty_model", "samples",
-                                                            "temperature")},
-        thresholds={key: config["analyze"][key] for key in ("easy_below", "hard_above")},
-        models=eval_model_info(),
+        settings=concur_workflow.scoring_settings(config),
+        thresholds=concur_workflow.difficulty_thresholds(config),
+        models=concur_workflow.eval_model_info(config),
     log:
         log_path("eval", "score"),
     conda:

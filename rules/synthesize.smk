@@ -1,8 +1,8 @@
 # An openai teacher's API key variable must be set before the run starts; cluster jobs receive it.
-if config["generators"][TEACHER].get("api_key_env"):
+if concur_workflow.api_key_variables(config, [TEACHER]):
 
     envvars:
-        config["generators"][TEACHER]["api_key_env"],
+        *concur_workflow.api_key_variables(config, [TEACHER]),
 
 
 rule synthesize:

@@ -11,7 +11,7 @@ rule tasks:
         contamination=results("tasks", "contamination.csv"),
     params:
         sources=config["tasks"]["sources"],
-        settings={key: value for key, value in config["tasks"].items() if key not in ("sources", "shards", "workers")},
+        settings=concur_workflow.tasks_settings(config),
     log:
         log_path("tasks"),
     conda:

@@ -5,8 +5,8 @@ import pytest
 import yaml
 
 from concur import config
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +100,73 @@ def test_unreadable_config_file(tmp_path):
     path.write_text("tasks: [unclosed")
     with pytest.raises(config.ConfigError, match="broken.yaml: cannot read config"):
         config.load(path)
+
+
+SECTIONS = ("tasks", "synthesize", "verify", "curate", "train", "evaluate", "analyze")
+MINIMAL = {
+    "tasks": {"sources": [{"kind": "builtin", "path": "resources/suite"}]},
+    "models": {"m": {"path": "some/model"}},
+    "generators": {
+        "g": {"backend": "transformers", "model": "m"},
+        "served": {"backend": "openai", "base_url": "http://localhost:9/v1", "model": "x"},
+        "offline": {"backend": "vllm", "model": "m"},
+    },
+    "synthesize": {"generator": "g"},
+    "train": {"base_model": "m", "lora": {"r": 4}},
+    "evaluate": {"base_generator": "g"},
+}
+
+
+def test_the_workflow_and_the_python_api_fill_the_same_defaults():
+    """One source of truth: the packaged schema's defaults are what the Snakefile and `concur` (config.validate)
+    and every stage called from Python (config.with_defaults) fill in, nested objects and shared definitions
+    (`gpus`) included, and each generator backend gets only its own."""
+    validated = config.validate(MINIMAL)
+    for section in SECTIONS:
+        assert validated[section] == config.with_defaults(section, MINIMAL.get(section)), section
+    for name, entry in MINIMAL["generators"].items():
+        assert validated["generators"][name] == config.with_defaults("generator", entry), name
+    assert validated["train"]["lora"]["r"] == 4 and validated["train"]["lora"]["alpha"] == 32
+    assert {validated[s]["gpus"] for s in ("synthesize", "verify", "train", "evaluate")} == {0}
+    assert validated["generators"]["served"]["max_concurrency"] == 8 and "max_concurrency" not in validated[
+        "generators"]["offline"]  # fmt: skip
+    assert validated["generators"]["offline"]["prompts_per_call"] == 512 and "prompts_per_call" not in validated[
+        "generators"]["g"]  # fmt: skip
+    assert config.defaults("analyze") == {"bin_width": 512, "easy_below": 4000, "hard_above": 8500}
+    assert config.with_defaults("curate", {"seed": 3, "extra": 1}) == {**config.defaults("curate"), "seed": 3,
+                                                                        "extra": 1}  # fmt: skip
+
+
+def test_stages_called_from_python_use_the_schema_defaults():
+    """The stages themselves hold no default values of their own: what they fill in comes from the schema."""
+    import pandas as pd
+
+    from concur import curate, evaluate
+
+    verdicts = pd.DataFrame({"task_id": ["t"], "correct": [True], "speedup": [2.0]})
+    tasks = pd.DataFrame({"task_id": ["t"], "level": [1], "category": ["fused"]})
+    columns = evaluate.score({"m": verdicts}, tasks, {}).columns
+    defaults = config.defaults("evaluate")
+    assert [c for c in columns if c.startswith("pass@")] == [f"pass@{k}" for k in defaults["pass_k"]]
+    assert [c for c in columns if c.startswith("fast_") and "@" not in c] == [
+        evaluate.fast_name(p) for p in defaults["fast_p"]
+    ]
+    card = curate.curate(*_curate_tables(), {}).card
+    assert f"`single_op_share`: {config.defaults('curate')['single_op_share']}" in card
+
+
+def test_no_module_keeps_its_own_default_settings():
+    # the verifier's modules are being restructured separately and still hold DEFAULT_SETTINGS
+    pending = {"verify.py", "verify_child.py"}
+    sources = [p for p in (ROOT / "src" / "concur").rglob("*.py") if p.name not in pending]
+    assert not [p.name for p in sources if "DEFAULT_SETTINGS" in p.read_text() or "DEFAULTS" in p.read_text()]
+
+
+def _curate_tables():
+    import pandas as pd
+
+    candidates = pd.DataFrame({"candidate_id": ["c"], "task_id": ["t"], "generator": ["g"], "prompt": ["p"],
+                               "reasoning": ["r"], "answer": ["a"], "code": ["x"], "reasoning_tokens": [3]})  # fmt: skip
+    verdicts = pd.DataFrame({"candidate_id": ["c"], "task_id": ["t"], "correct": [True], "speedup": [2.0]})
+    tasks = pd.DataFrame({"task_id": ["t"], "name": ["n"], "category": ["fused"], "level": [2]})
+    return candidates, verdicts, tasks

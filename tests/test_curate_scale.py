@@ -11,8 +11,8 @@ import pytest
 
 from concur import contracts
 from concur.analyze import FIGURES
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

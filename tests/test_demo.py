@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from concur import contracts
+from conftest import ROOT, shards
 
-ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "resources" / "demo" / "generations.jsonl"
 EXPECTED_STATUS = {"correct_fast": "correct", "correct_slow": "correct", "wrong_result": "incorrect",
                    "compile_error": "compile_error", "torch_fallback": "rejected", "no_code": "no_code"}  # fmt: skip
@@ -25,10 +25,6 @@ pytestmark = pytest.mark.slow
 def results(demo_results) -> Path:
     """The session's one demo run (tests/conftest.py)."""
     return demo_results
-
-
-def shards(results: Path, kind: str) -> pd.DataFrame:
-    return pd.concat([pd.read_parquet(p) for p in sorted((results / kind / "demo-teacher").glob("shard-*.parquet"))])
 
 
 def demo_kinds() -> dict[tuple[str, int], str]:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT, job_counts, snakemake
 
-ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = """import torch
 import torch.nn as nn
 
@@ -51,21 +51,6 @@ class ModelNew(nn.Module):
 ```
 """
 N_PROGRAMS = 4
-
-
-def snakemake(*args, cwd=ROOT, check=True, timeout=600):
-    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def job_counts(output: str) -> dict[str, int]:
-    if "Job stats:" not in output:
-        return {}
-    table = output.split("Job stats:")[1].split("total")[0]
-    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
 
 
 # ------------------------------------------------------------------------------------------ partial runs (dry)

@@ -13,13 +13,14 @@ from concur.tasks import (
     TaskError,
     build_tasks,
     drop_duplicate_code,
+    input_files,
     load_folder,
     load_kernelbench,
     load_kernelbook,
     run,
 )
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "tasks"
 KERNELBOOK = FIXTURES / "kernelbook.jsonl"
 KERNELBENCH = FIXTURES / "kernelbench"
@@ -255,3 +256,26 @@ def test_degenerate_tasks_are_flagged():
     # relu of inputs drawn from [0, 1) is the identity: returning the input passes its check
     assert flagged["degenerate"].tolist() == [True, False]
     assert flagged["degenerate_outputs"].tolist() == ["identity", ""]
+
+
+def test_input_files_are_what_each_source_reads(tmp_path):
+    """The tasks rule's inputs (concur.tasks.input_files): the local files each source reads, nothing for a hub id
+    or a missing path, so that editing a program reruns the stage and planning never reads a large source."""
+    suite = ROOT / "resources" / "suite"
+    builtin = input_files([{"kind": "builtin", "path": str(suite)}])
+    assert builtin[0] == (suite / "suite.yaml").as_posix()
+    assert sorted(builtin[1:]) == sorted(p.as_posix() for p in suite.glob("*/*.py"))
+    assert input_files([{"kind": "folder", "path": str(USER)}]) == sorted(
+        p.as_posix() for p in USER.rglob("*.py") if not p.name.startswith(".")
+    )
+    levels = input_files([{"kind": "kernelbench", "path": str(KERNELBENCH), "levels": [1, 2, 9]}])
+    assert [p.split("KernelBench/")[1] for p in levels] == [
+        "level1/2_Huge_Matmul.py", "level1/19_ReLU.py", "level2/7_Linear_GELU_Scale.py"
+    ]
+    export = FIXTURES / "kernelbench_export.jsonl"
+    assert input_files([{"kind": "kernelbench", "path": str(export)}]) == [export.as_posix()]
+    (tmp_path / "part-1.parquet").touch()
+    (tmp_path / "notes.txt").touch()
+    assert input_files([{"kind": "kernelbook", "path": str(tmp_path)}]) == [(tmp_path / "part-1.parquet").as_posix()]
+    assert input_files([{"kind": "kernelbook", "path": "GPUMODE/KernelBook"}]) == []
+    assert input_files([{"kind": "folder", "path": str(tmp_path / "missing")}]) == []

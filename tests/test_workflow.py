@@ -9,22 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-
-
-def snakemake(*args, cwd=ROOT, check=True, env=None):
-    proc = subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env=None if env is None else {**os.environ, **env})
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def job_counts(output: str) -> dict[str, int]:
-    table = output.split("Job stats:")[1].split("total")[0]
-    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
+from conftest import ROOT, job_counts, snakemake
 
 
 DEFAULT_JOBS = {
@@ -108,8 +93,8 @@ def test_baseline_api_key_must_be_set(tmp_path):
     overlay = tmp_path / "ablations.yaml"
     overlay.write_text(ABLATIONS_AND_BASELINES)
     env = {k: v for k, v in os.environ.items() if k != "CONCUR_TEST_BASELINE_KEY"}
-    proc = subprocess.run([*SNAKEMAKE, "-n", "--configfile", str(overlay)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env=env)
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(overlay)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode != 0 and "CONCUR_TEST_BASELINE_KEY" in proc.stdout + proc.stderr
 
 
@@ -202,12 +187,11 @@ def test_graphs_render_to_svg(graph, tmp_path):
 
 
 
-def test_scoring_and_analysis_rules_run_on_prepared_inputs(tmp_path):
-    """eval_score and analyze run through Snakemake (scripts, params, outputs) on tables written here in the
+@pytest.fixture(scope="module")
+def prepared_run(tmp_path_factory):
+    """curate, eval_score and analyze run through Snakemake (scripts, params, outputs) on tables written here in the
     contracts' shapes: a synthetic synthesis run (benchmarks/curate_scale.py) and two models' eval verdicts."""
     import importlib.util
-
-    import pandas as pd
 
     from concur.io import write_parquet
     from concur.tasks import shard_of
@@ -215,6 +199,7 @@ def test_scoring_and_analysis_rules_run_on_prepared_inputs(tmp_path):
     spec = importlib.util.spec_from_file_location("curate_scale", ROOT / "benchmarks" / "curate_scale.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    tmp_path = tmp_path_factory.mktemp("prepared")
     res = tmp_path / "results"
     candidates, verdicts, tasks = bench.synthetic_tables(60, 5)
     candidates["generator"] = "demo-teacher"
@@ -231,9 +216,16 @@ def test_scoring_and_analysis_rules_run_on_prepared_inputs(tmp_path):
                       res / "eval" / model / "verified.parquet")
 
     snakemake("-s", str(ROOT / "Snakefile"), "--configfile", str(ROOT / "config.yaml"), "--cores", "1",
-              "--config", f"results={res}", "--allowed-rules", "eval_score", "analyze", "--",
-              str(res / "eval" / "table.md"), str(res / "analysis" / "summary.json"), cwd=tmp_path)
+              "--config", f"results={res}", "--allowed-rules", "curate", "eval_score", "analyze", "--",
+              str(res / "dataset" / "concur.parquet"), str(res / "eval" / "table.md"),
+              str(res / "analysis" / "summary.json"), cwd=tmp_path)
+    return res, verdicts, eval_verdicts
 
+
+def test_scoring_and_analysis_rules_run_on_prepared_inputs(prepared_run):
+    import pandas as pd
+
+    res, verdicts, eval_verdicts = prepared_run
     table = pd.read_csv(res / "eval" / "table.csv")
     assert list(table["model"]) == ["base", "concur"] and list(table["kind"]) == ["base", "adapter"]
     assert [c for c in table.columns if c.startswith("L1_")] == ["L1_exec@1", "L1_exec@2", "L1_fast_1@1",
@@ -250,3 +242,40 @@ def test_scoring_and_analysis_rules_run_on_prepared_inputs(tmp_path):
     summary = json.loads((res / "analysis" / "summary.json").read_text())
     assert summary["n_candidates"] == 300 and summary["n_correct"] == int(verdicts["correct"].sum())
     assert len(summary["eval_scores"]) == 2 and len(list((res / "figures").glob("*.png"))) == 8
+
+
+def test_the_command_line_writes_what_the_rules_write(prepared_run, tmp_path, capfd):
+    """`concur curate`, `eval-score` and `analyze` on the same inputs write the same files as their rules, and log
+    the summary lines the rules' logs hold."""
+    import pandas as pd
+
+    from concur.cli import main
+
+    res, _, _ = prepared_run
+    cli = tmp_path / "cli"
+    shards = [str(res / kind / "demo-teacher" / f"shard-{i}.parquet") for kind in ("candidates", "verified")
+              for i in range(2)]
+    config = ["--config", str(ROOT / "config.yaml")]
+    assert main(["curate", *config, "--candidates", *shards[:2], "--verified", *shards[2:],
+                 "--tasks", str(res / "tasks" / "train.parquet"), "--out-dir", str(cli / "dataset")]) == 0
+    assert main(["eval-score", *config, "--verified", *(f"{m}={res / 'eval' / m / 'verified.parquet'}"
+                                                        for m in ("base", "concur")),
+                 "--tasks", str(res / "tasks" / "eval.parquet"),
+                 "--difficulty", str(res / "eval" / "base" / "candidates.parquet"), "--out-dir", str(cli / "eval")]) == 0
+    assert main(["analyze", *config, "--candidates", *shards[:2], "--verified", *shards[2:],
+                 "--tasks", str(res / "tasks" / "train.parquet"), "--scores", str(res / "eval" / "scores.csv"),
+                 "--out-dir", str(cli)]) == 0
+    stderr = capfd.readouterr().err
+
+    written = sorted(p.relative_to(cli).as_posix() for p in cli.rglob("*") if p.is_file())
+    assert written == sorted(p.relative_to(res).as_posix() for p in res.rglob("*") if p.is_file()
+                             and p.relative_to(res).parts[0] in ("dataset", "analysis", "figures")
+                             or p.relative_to(res).as_posix().startswith("eval/") and p.suffix in (".csv", ".md"))
+    for name in written:
+        if name.endswith(".parquet"):
+            pd.testing.assert_frame_equal(pd.read_parquet(cli / name), pd.read_parquet(res / name))
+        elif not name.endswith(".png"):
+            assert (cli / name).read_text() == (res / name).read_text(), name
+    for stage, log in (("curate", "curate"), ("eval scores", "eval/score"), ("analyze", "analyze")):
+        line = next(line for line in (res / "logs" / f"{log}.log").read_text().splitlines() if f" {stage}" in line)
+        assert line.split(": ", 1)[1].replace(str(res), str(cli)) in stderr, line

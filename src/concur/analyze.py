@@ -7,6 +7,7 @@ KernelBook-sized run (90,810 candidates) takes seconds (benchmarks/curate_scale.
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from concur.figures import (
 )
 from concur.io import read_parquets, write_json
 from concur.metrics import DIFFICULTIES, check_thresholds, difficulty_labels
+
+log = logging.getLogger(__name__)
 
 Z_BIN_WIDTH = 0.5
 WITHIN_TASK_NORMALISATION = (
@@ -274,3 +277,6 @@ def run(candidate_paths, verified_paths, tasks_path, scores_path, settings: dict
     if set(summary["figures"]) != expected:
         raise ValueError(f"analyze wrote {sorted(summary['figures'])}, the workflow expects {sorted(expected)}")
     write_json(summary, summary_path)
+    log.info("analyze: %d candidates (%d correct) over %d tasks; speedup vs length r = %s; %d figures in %s",
+             summary["n_candidates"], summary["n_correct"], summary["n_tasks"], summary["speedup_vs_length"]["r"],
+             len(summary["figures"]), fig_dir)

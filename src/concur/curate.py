@@ -19,6 +19,7 @@ correct candidates) and are drawn from all correct candidates; ties are broken b
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from concur.io import read_parquets, write_jsonl, write_parquet, write_text
 CRITERIA = ("shortest_fastest", "high_speedup", "single_op_balance")
 ABLATIONS = ("min", "max", "speedup", "random")
 SELECTIONS = ("strict", "fastest_then_shortest")
+log = logging.getLogger(__name__)
+
 TIE_RULE = (
     "Ties: among kernels equal on the deciding keys the smallest candidate_id wins; speedups are equal only "
     "when exactly equal."
@@ -289,3 +292,6 @@ def run(candidate_paths, verified_paths, tasks_path, settings: dict, outputs) ->
     write_text(curated.card, outputs.card)
     for path in outputs.subsets:
         write_parquet(curated.subsets[Path(path).stem], path)
+    dataset = curated.dataset
+    log.info("curate: %d rows over %d tasks (%s); subset rows: %s", len(dataset), dataset["task_id"].nunique(),
+             dataset["criterion"].value_counts().to_dict(), {name: len(s) for name, s in curated.subsets.items()})

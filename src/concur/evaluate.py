@@ -16,6 +16,7 @@ difficulty is the average reasoning length (ARL) of one reference model's eval g
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -23,6 +24,8 @@ import pandas as pd
 
 from concur import config
 from concur.metrics import DIFFICULTIES, check_thresholds, difficulty_labels, geomean, pass_at_k
+
+log = logging.getLogger(__name__)
 
 SCOPES = ("overall", "level", "category", "difficulty")
 DIFFICULTY_COLUMNS = ["task_id", "level", "category", "model", "n_samples", "arl", "difficulty"]
@@ -263,3 +266,6 @@ def run_scoring(verified_paths: dict, tasks_path, difficulty_path, settings: dic
     for frame, path in ((scores, outputs.csv), (table, outputs.table_csv), (difficulty, outputs.difficulty)):
         write_csv(frame, path)
     write_text(table_markdown(scores, settings, models, difficulty, thresholds), outputs.table_md)
+    overall = scores[scores["scope"] == "overall"]
+    log.info("eval scores (exec, overall): %s; difficulty from %s: %s", dict(zip(overall["model"], overall["exec"])),
+             ref, difficulty["difficulty"].value_counts().to_dict())
