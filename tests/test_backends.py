@@ -263,7 +263,7 @@ def test_run_writes_parquet_and_removes_checkpoint(server, tmp_path):
 
 
 def test_eval_generation_resumes_and_cleans_up(server, tmp_path):
-    from concur.evaluate import run_generation
+    from concur.synthesize import run_eval_generation
 
     tasks_path = tmp_path / "eval.parquet"
     shard_tasks("a", "b").to_parquet(tasks_path)
@@ -274,9 +274,9 @@ def test_eval_generation_resumes_and_cleans_up(server, tmp_path):
                   language="cuda", out_path=out)
     server.script = [200, 500]
     with pytest.raises(RuntimeError):
-        run_generation(**kwargs)  # the second task's request fails
+        run_eval_generation(**kwargs)  # the second task's request fails
     server.requests.clear()
-    run_generation(**kwargs)
+    run_eval_generation(**kwargs)
     assert len(pd.read_parquet(out)) == 4 and requested_tasks(server) == ["b"]
     assert not checkpoint_path(out).exists()
 

@@ -206,7 +206,7 @@ def _train(args) -> None:
 
 
 def _eval_generate(args) -> None:
-    from .evaluate import run_generation
+    from .synthesize import run_eval_generation
 
     cfg = _load(args)
     if args.model not in workflow.eval_models(cfg):
@@ -218,7 +218,7 @@ def _eval_generate(args) -> None:
     settings = workflow.eval_generation_settings(cfg)
     language = cfg["synthesize"]["language"]
     generator = cfg["generators"][name]
-    run_generation(args.tasks, adapter, args.model, name, generator, cfg["models"], settings, language, args.out)
+    run_eval_generation(args.tasks, adapter, args.model, name, generator, cfg["models"], settings, language, args.out)
 
 
 def _eval_score(args) -> None:

@@ -233,19 +233,7 @@ def table_markdown(scores: pd.DataFrame, settings: dict, models: dict[str, dict]
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------- stage entry points
-
-def run_generation(tasks_path, adapter_dir, model_name: str, generator_name: str, generator: dict, model_specs: dict,
-                   settings: dict, language: str, out_path) -> None:
-    """Eval generation for one model: the base generator, the base generator with a trained adapter, or a
-    baseline generator. Resumable like synthesis: a checkpoint next to `out_path` (see concur.synthesize)."""
-    from concur.synthesize import checkpoint_path, generate_candidates, write_candidates
-
-    label = generator_name if adapter_dir is None else f"{generator_name}+{model_name}"
-    frame = generate_candidates(pd.read_parquet(tasks_path), label, generator, model_specs, settings, language,
-                                settings["samples"], adapter=adapter_dir, checkpoint=checkpoint_path(out_path))
-    write_candidates(frame, out_path)
-
+# ---------------------------------------------------------------- the stage
 
 def run_scoring(verified_paths: dict, tasks_path, difficulty_path, settings: dict, thresholds: dict,
                 models: dict[str, dict], outputs) -> None:

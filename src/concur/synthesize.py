@@ -187,3 +187,13 @@ def run(tasks_path: str, shard: int, n_shards: int, generator_name: str, config:
                                 settings, settings["language"], settings["samples_per_task"],
                                 checkpoint=checkpoint_path(out_path))
     write_candidates(frame, out_path)
+
+
+def run_eval_generation(tasks_path, adapter_dir, model_name: str, generator_name: str, generator: dict,
+                        model_specs: dict, settings: dict, language: str, out_path) -> None:
+    """The eval_generate stage for one evaluated model: the base generator, the base generator with a trained
+    adapter, or a baseline generator, answering every eval task `samples` times (resumable like synthesis)."""
+    label = generator_name if adapter_dir is None else f"{generator_name}+{model_name}"
+    frame = generate_candidates(pd.read_parquet(tasks_path), label, generator, model_specs, settings, language,
+                                settings["samples"], adapter=adapter_dir, checkpoint=checkpoint_path(out_path))
+    write_candidates(frame, out_path)
