@@ -32,7 +32,6 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 20.0
 PAPER_TASKS = 18162
-CATEGORIES = ("single_op", "fused", "model")
 CATEGORY_SHARES = (0.35, 0.50, 0.15)
 FAILURES = ("incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code")
 FAILURE_SHARES = (0.45, 0.25, 0.15, 0.03, 0.07, 0.05)
@@ -51,7 +50,7 @@ def synthetic_tables(n_tasks: int = PAPER_TASKS, per_task: int = 5, seed: int = 
     rng = np.random.default_rng(seed)
     n = n_tasks * per_task
     task_ids = np.array([f"kernelbook/{i:06d}" for i in range(n_tasks)], dtype=object)
-    category = rng.choice(np.array(CATEGORIES, dtype=object), size=n_tasks, p=CATEGORY_SHARES)
+    category = rng.choice(np.array(contracts.CATEGORIES, dtype=object), size=n_tasks, p=CATEGORY_SHARES)
     level = np.select([category == "single_op", category == "fused"], [1, 2], 3)
     tasks = pd.DataFrame({
         "task_id": task_ids, "split": "train", "suite": "kernelbook", "level": level,

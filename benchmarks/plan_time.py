@@ -134,7 +134,7 @@ def main() -> None:
         rows = [
             ("default config.yaml (builtin suite)", 20,
              *time_command(snakemake + ["--config", f"results={tmp}/default"], args.repeats)),
-            (f"configs/paper.yaml (synthetic KernelBook + KernelBench)", args.tasks + 2 * args.eval_per_level,
+            ("configs/paper.yaml (synthetic KernelBook + KernelBench)", args.tasks + 2 * args.eval_per_level,
              *time_command(snakemake + ["--configfile", "configs/paper.yaml", "--config", f"results={tmp}/paper",
                                         override], args.repeats)),
         ]

@@ -1,5 +1,5 @@
-from concur.synthesize import run_eval_generation
 from concur.logs import logging_to
+from concur.synthesize import run_eval_generation
 
 with logging_to(snakemake.log[0]):
     run_eval_generation(

@@ -3,10 +3,10 @@ stderr (curate, eval-score and analyze are compared with their rules in tests/te
 
 import pandas as pd
 import yaml
-from conftest import FIXTURES, ROOT
 
 from concur.cli import main
 from concur.tasks import OUTPUTS
+from conftest import FIXTURES, ROOT
 
 
 def test_tasks_writes_every_report_and_logs_the_summary(tmp_path, capfd):

@@ -1,12 +1,10 @@
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
 
 from concur import config
 from conftest import ROOT
-
 
 
 @pytest.fixture(scope="module")

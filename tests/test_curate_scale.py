@@ -3,7 +3,6 @@ of the benchmark itself goes through curation and analysis."""
 
 import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,7 +11,6 @@ import pytest
 from concur import contracts
 from concur.analyze import FIGURES
 from conftest import ROOT
-
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import yaml
+
 from conftest import ROOT
 
 SRC = ROOT / "src"

@@ -7,7 +7,6 @@ whose forward sleeps, so that verifying a shard takes seconds), in a private wor
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import ROOT, job_counts, snakemake
 
 PROGRAM = """import torch

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+
 from conftest import ROOT, shards, snakemake
 
 pytestmark = pytest.mark.slurm

@@ -245,7 +245,6 @@ def test_hub_ids_without_datasets_installed_say_so(monkeypatch):
 
 
 def test_degenerate_tasks_are_flagged():
-    from pathlib import Path
 
     from concur.tasks import flag_degenerate
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
 
 from concur.tasks import REQUIRED_NAMES
+from conftest import ROOT
 
 SUITE = ROOT / "resources" / "suite"
 PROGRAMS = sorted(SUITE.glob("train/*.py")) + sorted(SUITE.glob("eval/*.py"))

@@ -1,4 +1,3 @@
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,7 +15,6 @@ from concur.tasks import (
     shard_of,
 )
 from conftest import ROOT
-
 
 PROGRAM = """
 import torch

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, job_counts, snakemake
 
+from conftest import ROOT, job_counts, snakemake
 
 DEFAULT_JOBS = {
     "all": 1, "tasks": 1, "synthesize": 2, "compile": 2, "verify": 2, "curate": 1, "train": 1,
@@ -204,7 +204,7 @@ def prepared_run(tmp_path_factory):
     candidates, verdicts, tasks = bench.synthetic_tables(60, 5)
     candidates["generator"] = "demo-teacher"
     for i in range(2):  # the default config's two shards of its teacher
-        keep = candidates["task_id"].map(lambda t: shard_of(t, 2) == i).to_numpy()
+        keep = (candidates["task_id"].map(lambda t: shard_of(t, 2)) == i).to_numpy()
         write_parquet(candidates[keep], res / "candidates" / "demo-teacher" / f"shard-{i}.parquet")
         write_parquet(verdicts[keep], res / "verified" / "demo-teacher" / f"shard-{i}.parquet")
     write_parquet(tasks, res / "tasks" / "train.parquet")

@@ -20,10 +20,11 @@ import random
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Collection, Iterator, Protocol
+from typing import Protocol
 
 import pandas as pd
 

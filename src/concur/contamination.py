@@ -23,7 +23,7 @@ MIN_RECALL_AT_THRESHOLD = 0.995
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
-@functools.lru_cache(maxsize=None)  # dedupe and the contamination report normalise the same programs
+@functools.cache  # dedupe and the contamination report normalise the same programs
 def normalise_code(code: str) -> str:
     """The program without comments, docstrings and formatting (unparsed AST); unparsable code only loses blanks."""
     try:

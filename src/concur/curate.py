@@ -53,12 +53,6 @@ class Curated:
     card: str = ""
 
 
-def _require(frame: pd.DataFrame, columns, what: str) -> None:
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{what}: missing column(s) {', '.join(missing)}")
-
-
 def _require_unique(frame: pd.DataFrame, column: str, what: str) -> None:
     dup = frame[column][frame[column].duplicated()]
     if len(dup):
@@ -70,9 +64,9 @@ def join_candidates(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.
 
     Every candidate needs exactly one verdict with the same task_id, and every task_id must be in `tasks`.
     """
-    _require(candidates, _CANDIDATE_COLUMNS, "candidates")
-    _require(verdicts, _VERDICT_COLUMNS, "verdicts")
-    _require(tasks, _TASK_COLUMNS, "tasks")
+    contracts.require_columns(candidates, _CANDIDATE_COLUMNS, "candidates")
+    contracts.require_columns(verdicts, _VERDICT_COLUMNS, "verdicts")
+    contracts.require_columns(tasks, _TASK_COLUMNS, "tasks")
     _require_unique(candidates, "candidate_id", "candidates")
     _require_unique(verdicts, "candidate_id", "verdicts")
     _require_unique(tasks, "task_id", "tasks")

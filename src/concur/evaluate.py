@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from concur import config
+from concur.contracts import require_columns
 from concur.metrics import DIFFICULTIES, check_thresholds, difficulty_labels, geomean, pass_at_k
 
 log = logging.getLogger(__name__)
@@ -79,9 +80,7 @@ def _group_scores(frame: pd.DataFrame, pass_k, fast_p) -> dict:
 
 def _with_task_info(verdicts: pd.DataFrame, tasks: pd.DataFrame, model: str,
                     difficulty: pd.DataFrame | None) -> pd.DataFrame:
-    missing = [c for c in ("task_id", "correct", "speedup") if c not in verdicts.columns]
-    if missing:
-        raise ValueError(f"verdicts of model {model!r}: missing column(s) {', '.join(missing)}")
+    require_columns(verdicts, ("task_id", "correct", "speedup"), f"verdicts of model {model!r}")
     unknown = sorted(set(verdicts["task_id"]) - set(tasks["task_id"]))
     if unknown:
         raise ValueError(f"verdicts of model {model!r}: task_id {unknown[0]!r} is not in the tasks table")
@@ -122,9 +121,7 @@ def task_difficulty(candidates: pd.DataFrame, tasks: pd.DataFrame, model: str, e
 
     Columns `DIFFICULTY_COLUMNS`, one row per task that has generations, in task_id order."""
     check_thresholds(easy_below, hard_above)
-    missing = [c for c in ("task_id", "reasoning_tokens") if c not in candidates.columns]
-    if missing:
-        raise ValueError(f"candidates of difficulty model {model!r}: missing column(s) {', '.join(missing)}")
+    require_columns(candidates, ("task_id", "reasoning_tokens"), f"candidates of difficulty model {model!r}")
     unknown = sorted(set(candidates["task_id"]) - set(tasks["task_id"]))
     if unknown:
         raise ValueError(f"candidates of difficulty model {model!r}: task_id {unknown[0]!r} is not in the tasks table")

@@ -12,7 +12,7 @@ import pandas as pd
 import yaml
 
 from .. import contracts
-from ..contracts import SPLITS
+from ..contracts import SPLITS, require_columns
 from .kernelbook import adapt_kernelbook
 from .programs import TaskError, categorise, check_program, count_ops, one_line
 
@@ -77,7 +77,7 @@ def load_kernelbook(source: dict) -> tuple[list[dict], list[dict]]:
     """A KernelBook export (parquet/JSONL file or folder) or hub id; ids are `kernelbook/{uuid}`."""
     path = source["path"]
     table = read_table(path, source.get("revision"))
-    _require_columns(table, ["python_code", "entry_point"], path, "a KernelBook export")
+    require_columns(table, ["python_code", "entry_point"], f"{path}: not a KernelBook export", TaskError)
     split = source.get("split") or DEFAULT_SPLIT["kernelbook"]
     rows, rejected = [], []
     for record in table.to_dict("records"):
@@ -231,7 +231,7 @@ def _kernelbench_files(root: Path, levels: list[int] | None):
 
 def _kernelbench_table(path: str, revision: str | None, levels: list[int] | None):
     table = read_table(path, revision)
-    _require_columns(table, ["code", "level", "name", "problem_id"], path, "a KernelBench dataset export")
+    require_columns(table, ["code", "level", "name", "problem_id"], f"{path}: not a KernelBench dataset export", TaskError)
     for record in table.to_dict("records"):
         level, problem_id = int(record["level"]), int(record["problem_id"])
         if levels and level not in levels:
@@ -293,12 +293,6 @@ def _load_from_hub(hub_id: str, revision: str | None) -> pd.DataFrame:
             f"{hub_id}: no such local path, and the Hugging Face hub could not provide it: {one_line(err)}"
         ) from None
     return pd.concat([split.to_pandas() for split in loaded.values()], ignore_index=True)
-
-
-def _require_columns(table: pd.DataFrame, columns: list[str], path: str, what: str) -> None:
-    missing = [c for c in columns if c not in table.columns]
-    if missing:
-        raise TaskError(f"{path}: not {what}: missing column(s) {', '.join(missing)}")
 
 
 def _hidden(rel: Path) -> bool:
