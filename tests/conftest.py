@@ -16,8 +16,14 @@ FIXTURES = ROOT / "tests" / "fixtures"
 def snakemake(*args, cwd=ROOT, check=True, timeout=600, env=None) -> subprocess.CompletedProcess:
     """`python -m snakemake ARGS` in `cwd`; `env`: variables set on top of this process's environment. With
     `check`, a failure is an assertion error that shows the end of Snakemake's output."""
-    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=None if env is None else {**os.environ, **env})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc

@@ -15,8 +15,14 @@ from concur import contracts
 from conftest import ROOT, shards
 
 DEMO = ROOT / "resources" / "demo" / "generations.jsonl"
-EXPECTED_STATUS = {"correct_fast": "correct", "correct_slow": "correct", "wrong_result": "incorrect",
-                   "compile_error": "compile_error", "torch_fallback": "rejected", "no_code": "no_code"}  # fmt: skip
+EXPECTED_STATUS = {
+    "correct_fast": "correct",
+    "correct_slow": "correct",
+    "wrong_result": "incorrect",
+    "compile_error": "compile_error",
+    "torch_fallback": "rejected",
+    "no_code": "no_code",
+}
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +39,10 @@ def demo_kinds() -> dict[tuple[str, int], str]:
 
 
 def test_tasks(results):
-    train, evals = pd.read_parquet(results / "tasks" / "train.parquet"), pd.read_parquet(results / "tasks" / "eval.parquet")
+    train, evals = (
+        pd.read_parquet(results / "tasks" / "train.parquet"),
+        pd.read_parquet(results / "tasks" / "eval.parquet"),
+    )
     assert len(train) >= 12 and len(evals) >= 8
     assert list(train.columns)[: len(contracts.TASKS)] == list(contracts.TASKS)
     assert {"single_op", "fused"} <= set(train["category"]) and set(evals["category"]) <= set(contracts.CATEGORIES)

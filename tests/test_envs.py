@@ -67,7 +67,9 @@ def imports(script: str) -> set[str]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                    )
                 names = [base] + [f"{base}.{alias.name}" for alias in node.names]
             else:
                 continue

@@ -125,12 +125,19 @@ def workdir(tmp_path):
     (tmp_path / "generations.jsonl").write_text("".join(json.dumps(g) + "\n" for g in generations))
     overlay = {
         "tasks": {"sources": [{"kind": "folder", "path": str(programs)}], "shards": 2, "validate_run": False},
-        "generators": {"ops": {"backend": "replay", "path": str(tmp_path / "generations.jsonl"),
-                               "tokenizer": "smollm2-135m"}},
+        "generators": {
+            "ops": {"backend": "replay", "path": str(tmp_path / "generations.jsonl"), "tokenizer": "smollm2-135m"}
+        },
         "synthesize": {"generator": "ops", "samples_per_task": 1},
-        "verify": {"mode": "kernelbench", "workers": 1, "compile_threads": 1, "correctness_trials": 2,
-                   "warmup": 1, "timing_trials": 2},
-    }  # fmt: skip
+        "verify": {
+            "mode": "kernelbench",
+            "workers": 1,
+            "compile_threads": 1,
+            "correctness_trials": 2,
+            "warmup": 1,
+            "timing_trials": 2,
+        },
+    }
     (tmp_path / "ops.yaml").write_text(yaml.safe_dump(overlay))
     return tmp_path
 
@@ -144,8 +151,9 @@ def kill_during_verification(workdir: Path, sig: int, timeout_s: float = 240) ->
     """Start a run and kill its process group while one shard is verified and another is being verified;
     return the verified shard."""
     cmd = [sys.executable, "-m", "snakemake", *run_args(workdir)]
-    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     verified = workdir / "results" / "verified" / "ops"
     logs = workdir / "results" / "logs" / "verify" / "ops"
     deadline = time.monotonic() + timeout_s

@@ -56,8 +56,9 @@ def cancel_jobs(slurm_conf: Path, wait_s: float = 30) -> None:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            queue = subprocess.run(["squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i"], capture_output=True, text=True,
-                                   env=env, timeout=10)  # fmt: skip
+            queue = subprocess.run(
+                ["squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i"], capture_output=True, text=True, env=env, timeout=10
+            )
             if queue.returncode != 0 or not queue.stdout.split():
                 return
             subprocess.run(["scancel", *queue.stdout.split()], capture_output=True, env=env, timeout=10)
@@ -104,18 +105,21 @@ def rule_of(comment: str) -> str | None:
 def slurm_jobs(slurm_conf: Path) -> list[dict]:
     """Every job slurmctld still holds (MinJobAge keeps finished ones): rule, partition, GPUs asked and given."""
     env = {**os.environ, "SLURM_CONF": str(slurm_conf)}
-    out = subprocess.run(["scontrol", "-d", "-o", "show", "job"], capture_output=True, text=True, env=env,
-                         check=True, timeout=60).stdout
+    out = subprocess.run(
+        ["scontrol", "-d", "-o", "show", "job"], capture_output=True, text=True, env=env, check=True, timeout=60
+    ).stdout
     jobs = []
     for line in out.splitlines():
         fields = dict(re.findall(r"(\w+)=(\S*)", line))
-        jobs.append({
-            "rule": rule_of(fields.get("Comment", "")),
-            "state": fields["JobState"],
-            "partition": fields["Partition"],
-            "asked": fields.get("TresPerJob", ""),
-            "given": fields.get("JOB_GRES", "(null)"),
-        })
+        jobs.append(
+            {
+                "rule": rule_of(fields.get("Comment", "")),
+                "state": fields["JobState"],
+                "partition": fields["Partition"],
+                "asked": fields.get("TresPerJob", ""),
+                "given": fields.get("JOB_GRES", "(null)"),
+            }
+        )
     return jobs
 
 

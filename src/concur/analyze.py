@@ -41,12 +41,20 @@ WITHIN_TASK_LENGTH = (
     "reasoning_tokens z-scored within each task over all its candidates (tasks with < 2 candidates or one "
     "length for all are left out)"
 )
-FIGURES = ("accuracy_by_length.png", "length_correct_vs_incorrect.png", "speedup_vs_length.png",
-           "arl_difficulty.png", "accuracy_by_length_within_task.png", "speedup_vs_length_within_task.png",
-           "eval_scores.png", "eval_by_difficulty.png")
+FIGURES = (
+    "accuracy_by_length.png",
+    "length_correct_vs_incorrect.png",
+    "speedup_vs_length.png",
+    "arl_difficulty.png",
+    "accuracy_by_length_within_task.png",
+    "speedup_vs_length_within_task.png",
+    "eval_scores.png",
+    "eval_by_difficulty.png",
+)
 
 
 # ---------------------------------------------------------------- numbers
+
 
 def json_safe(value):
     """Nested copy with numpy scalars as Python numbers and NaN/inf as None."""
@@ -69,14 +77,21 @@ def _bins(values: np.ndarray, correct: np.ndarray, width: float) -> list[dict]:
     first = int(index.min())
     count = np.bincount(index - first)
     hits = np.bincount(index - first, weights=correct.astype(float), minlength=len(count)).astype(np.int64)
-    return [{"lo": (first + i) * width, "hi": (first + i + 1) * width, "count": int(c), "n_correct": int(h),
-             "accuracy": h / c if c else None} for i, (c, h) in enumerate(zip(count, hits))]
+    return [
+        {
+            "lo": (first + i) * width,
+            "hi": (first + i + 1) * width,
+            "count": int(c),
+            "n_correct": int(h),
+            "accuracy": h / c if c else None,
+        }
+        for i, (c, h) in enumerate(zip(count, hits))
+    ]
 
 
 def accuracy_by_length(joined: pd.DataFrame, bin_width: int) -> list[dict]:
     """Bins [lo, hi) of `bin_width` tokens from the shortest to the longest reasoning, empty bins included."""
-    bins = _bins(joined["reasoning_tokens"].to_numpy(dtype=np.int64), joined["correct"].to_numpy(dtype=bool),
-                 bin_width)
+    bins = _bins(joined["reasoning_tokens"].to_numpy(dtype=np.int64), joined["correct"].to_numpy(dtype=bool), bin_width)
     for b in bins:
         b["lo"], b["hi"] = int(b["lo"]), int(b["hi"])
     return bins
@@ -87,8 +102,15 @@ def length_stats(tokens: pd.Series) -> dict:
     if values.empty:
         return {"count": 0, "mean": None, "median": None, "q1": None, "q3": None, "min": None, "max": None}
     q1, median, q3 = np.quantile(values.to_numpy(), [0.25, 0.5, 0.75])
-    return {"count": len(values), "mean": values.mean(), "median": median, "q1": q1, "q3": q3,
-            "min": values.min(), "max": values.max()}
+    return {
+        "count": len(values),
+        "mean": values.mean(),
+        "median": median,
+        "q1": q1,
+        "q3": q3,
+        "min": values.min(),
+        "max": values.max(),
+    }
 
 
 def pearson(x, y) -> dict:
@@ -115,8 +137,13 @@ def within_task_z(frame: pd.DataFrame, column: str) -> pd.Series:
 def _speedup_points(correct: pd.DataFrame) -> pd.DataFrame:
     """Correct candidates with a measured speedup, with their within-task z-scores of length and speedup."""
     measured = correct[np.isfinite(correct["speedup"])]
-    return pd.DataFrame({"task_id": measured["task_id"], "z_length": within_task_z(measured, "reasoning_tokens"),
-                         "z_speedup": within_task_z(measured, "speedup")})
+    return pd.DataFrame(
+        {
+            "task_id": measured["task_id"],
+            "z_length": within_task_z(measured, "reasoning_tokens"),
+            "z_speedup": within_task_z(measured, "speedup"),
+        }
+    )
 
 
 def within_task_pearson(correct: pd.DataFrame, points: pd.DataFrame | None = None) -> dict:
@@ -141,8 +168,10 @@ def accuracy_within_task(joined: pd.DataFrame, z: pd.Series | None = None) -> di
         "n": int(usable.sum()),
         "n_tasks": int(joined.loc[usable, "task_id"].nunique()),
         "correlation": {k: fit[k] for k in ("n", "r", "p", "r2")},
-        "mean_z": {"correct": float(values[ok].mean()) if ok.any() else None,
-                   "incorrect": float(values[~ok].mean()) if (~ok).any() else None},
+        "mean_z": {
+            "correct": float(values[ok].mean()) if ok.any() else None,
+            "incorrect": float(values[~ok].mean()) if (~ok).any() else None,
+        },
         "normalisation": WITHIN_TASK_LENGTH,
     }
 
@@ -151,9 +180,18 @@ def arl_per_task(joined: pd.DataFrame, easy_below: float, hard_above: float) -> 
     """Average reasoning length over each task's candidates (all of them, correct or not) and its difficulty."""
     if joined.empty:
         return []
-    per_task = joined.groupby("task_id", sort=True).agg(
-        name=("name", "first"), category=("category", "first"), level=("level", "first"),
-        n=("correct", "size"), accuracy=("correct", "mean"), arl=("reasoning_tokens", "mean")).reset_index()
+    per_task = (
+        joined.groupby("task_id", sort=True)
+        .agg(
+            name=("name", "first"),
+            category=("category", "first"),
+            level=("level", "first"),
+            n=("correct", "size"),
+            accuracy=("correct", "mean"),
+            arl=("reasoning_tokens", "mean"),
+        )
+        .reset_index()
+    )
     per_task["arl"] = per_task["arl"].astype(float)
     per_task["accuracy"] = per_task["accuracy"].astype(float)
     per_task["level"] = per_task["level"].astype("int64")
@@ -162,6 +200,7 @@ def arl_per_task(joined: pd.DataFrame, easy_below: float, hard_above: float) -> 
 
 
 # ---------------------------------------------------------------- entry point
+
 
 def _captions(summary: dict) -> dict[str, str]:
     fit = summary["speedup_vs_length"]
@@ -173,34 +212,56 @@ def _captions(summary: dict) -> dict[str, str]:
         return f"r = {f['r']:.2f}, p = {f['p']:.2g}, R² = {f['r2']:.2f}" if f["r"] is not None else "r undefined"
 
     return {
-        "accuracy_by_length.png": (f"Share of correct candidates per {summary['bin_width']}-token bin of reasoning "
-                                   f"length over all {summary['n_candidates']} candidates (grey, right axis: "
-                                   "candidates per bin)."),
-        "length_correct_vs_incorrect.png": (f"Reasoning-length distributions of the {summary['n_correct']} correct "
-                                            f"and the {summary['n_candidates'] - summary['n_correct']} incorrect "
-                                            "candidates (share of each group per bin; dashed: medians)."),
-        "speedup_vs_length.png": (f"Speedup over PyTorch eager vs reasoning length for the {fit['n']} correct "
-                                  f"candidates, with a least-squares line ({r_text(fit)})."),
-        "arl_difficulty.png": (f"Average reasoning length per task, coloured by difficulty (Easy {counts['Easy']}, "
-                               f"Medium {counts['Medium']}, Hard {counts['Hard']} tasks) with the thresholds dashed."),
+        "accuracy_by_length.png": (
+            f"Share of correct candidates per {summary['bin_width']}-token bin of reasoning "
+            f"length over all {summary['n_candidates']} candidates (grey, right axis: "
+            "candidates per bin)."
+        ),
+        "length_correct_vs_incorrect.png": (
+            f"Reasoning-length distributions of the {summary['n_correct']} correct "
+            f"and the {summary['n_candidates'] - summary['n_correct']} incorrect "
+            "candidates (share of each group per bin; dashed: medians)."
+        ),
+        "speedup_vs_length.png": (
+            f"Speedup over PyTorch eager vs reasoning length for the {fit['n']} correct "
+            f"candidates, with a least-squares line ({r_text(fit)})."
+        ),
+        "arl_difficulty.png": (
+            f"Average reasoning length per task, coloured by difficulty (Easy {counts['Easy']}, "
+            f"Medium {counts['Medium']}, Hard {counts['Hard']} tasks) with the thresholds dashed."
+        ),
         "accuracy_by_length_within_task.png": (
             f"Share of correct candidates by reasoning length relative to the task's own mean (z-score, "
             f"{acc_within['bin_width']:g}-σ bins) over {acc_within['n']} candidates of {acc_within['n_tasks']} tasks: "
-            f"length separated from task difficulty ({r_text(acc_within['correlation'])}, point-biserial)."),
+            f"length separated from task difficulty ({r_text(acc_within['correlation'])}, point-biserial)."
+        ),
         "speedup_vs_length_within_task.png": (
             f"Speedup vs reasoning length, both z-scored within each task, for {within['n']} correct candidates "
-            f"of {within['n_tasks']} tasks ({r_text(within)})."),
-        "eval_scores.png": ("Exec (correct) and fast_1 (correct and faster than PyTorch eager) rates per model on "
-                            "the eval split." if summary["eval_scores"] else
-                            "No evaluation scores were available (placeholder)."),
-        "eval_by_difficulty.png": ("Exec per model on the eval tasks of each ARL difficulty band (the bands from "
-                                   "evaluate.difficulty_model's generations)." if summary["eval_scores_by_difficulty"]
-                                   else "No evaluation scores by difficulty were available (placeholder)."),
+            f"of {within['n_tasks']} tasks ({r_text(within)})."
+        ),
+        "eval_scores.png": (
+            "Exec (correct) and fast_1 (correct and faster than PyTorch eager) rates per model on the eval split."
+            if summary["eval_scores"]
+            else "No evaluation scores were available (placeholder)."
+        ),
+        "eval_by_difficulty.png": (
+            "Exec per model on the eval tasks of each ARL difficulty band (the bands from "
+            "evaluate.difficulty_model's generations)."
+            if summary["eval_scores_by_difficulty"]
+            else "No evaluation scores by difficulty were available (placeholder)."
+        ),
     }
 
 
-def analyze(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame, scores: pd.DataFrame | None,
-            settings: dict, fig_dir: Path, figures: dict | None = None) -> dict:
+def analyze(
+    candidates: pd.DataFrame,
+    verdicts: pd.DataFrame,
+    tasks: pd.DataFrame,
+    scores: pd.DataFrame | None,
+    settings: dict,
+    fig_dir: Path,
+    figures: dict | None = None,
+) -> dict:
     """Compute the analysis summary (JSON-safe) and write the figures (`FIGURES`) into `fig_dir`. Pass a dict as
     `figures` to receive the drawn `Figure` objects by file name."""
     settings = config.with_defaults("analyze", settings)
@@ -225,8 +286,10 @@ def analyze(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFram
     if scores is not None and not scores.empty:
         overall = scores[scores["scope"] == "overall"].reset_index(drop=True)
         by_difficulty = scores[scores["scope"] == "difficulty"].reset_index(drop=True)
-    lengths = {"correct": length_stats(correct["reasoning_tokens"]),
-               "incorrect": length_stats(joined.loc[~joined["correct"], "reasoning_tokens"])}
+    lengths = {
+        "correct": length_stats(correct["reasoning_tokens"]),
+        "incorrect": length_stats(joined.loc[~joined["correct"], "reasoning_tokens"]),
+    }
 
     summary = {
         "n_candidates": len(joined),
@@ -242,22 +305,27 @@ def analyze(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFram
         "arl": arl_rows,
         "difficulty_counts": {level: sum(r["difficulty"] == level for r in arl_rows) for level in DIFFICULTIES},
         "eval_scores": overall.to_dict(orient="records") if overall is not None else None,
-        "eval_scores_by_difficulty": (by_difficulty.to_dict(orient="records")
-                                      if by_difficulty is not None and len(by_difficulty) else None),
+        "eval_scores_by_difficulty": (
+            by_difficulty.to_dict(orient="records") if by_difficulty is not None and len(by_difficulty) else None
+        ),
     }
     summary = json_safe(summary)
 
     drawn = {
         "accuracy_by_length.png": plot_accuracy_by_length(bins, fig_dir / "accuracy_by_length.png"),
         "length_correct_vs_incorrect.png": plot_length_by_correctness(
-            joined, summary["length_by_correctness"], bin_width, fig_dir / "length_correct_vs_incorrect.png"),
+            joined, summary["length_by_correctness"], bin_width, fig_dir / "length_correct_vs_incorrect.png"
+        ),
         "speedup_vs_length.png": plot_speedup_vs_length(correct, fit, fig_dir / "speedup_vs_length.png"),
-        "arl_difficulty.png": plot_arl_difficulty(arl_rows, easy_below, hard_above, bin_width,
-                                                  fig_dir / "arl_difficulty.png"),
+        "arl_difficulty.png": plot_arl_difficulty(
+            arl_rows, easy_below, hard_above, bin_width, fig_dir / "arl_difficulty.png"
+        ),
         "accuracy_by_length_within_task.png": plot_accuracy_within_task(
-            summary["accuracy_by_length_within_task"], fig_dir / "accuracy_by_length_within_task.png"),
+            summary["accuracy_by_length_within_task"], fig_dir / "accuracy_by_length_within_task.png"
+        ),
         "speedup_vs_length_within_task.png": plot_speedup_within_task(
-            points, summary["speedup_vs_length_within_task"], fig_dir / "speedup_vs_length_within_task.png"),
+            points, summary["speedup_vs_length_within_task"], fig_dir / "speedup_vs_length_within_task.png"
+        ),
         "eval_scores.png": plot_eval_scores(overall, fig_dir / "eval_scores.png"),
         "eval_by_difficulty.png": plot_eval_by_difficulty(by_difficulty, fig_dir / "eval_by_difficulty.png"),
     }
@@ -272,11 +340,23 @@ def run(candidate_paths, verified_paths, tasks_path, scores_path, settings: dict
     fig_dir = Path(figure_paths[0]).parent
     expected = {Path(p).name for p in figure_paths}
     scores = pd.read_csv(scores_path, dtype={"group": str}) if scores_path else None
-    summary = analyze(read_parquets(candidate_paths), read_parquets(verified_paths), pd.read_parquet(tasks_path),
-                      scores, settings, fig_dir)
+    summary = analyze(
+        read_parquets(candidate_paths),
+        read_parquets(verified_paths),
+        pd.read_parquet(tasks_path),
+        scores,
+        settings,
+        fig_dir,
+    )
     if set(summary["figures"]) != expected:
         raise ValueError(f"analyze wrote {sorted(summary['figures'])}, the workflow expects {sorted(expected)}")
     write_json(summary, summary_path)
-    log.info("analyze: %d candidates (%d correct) over %d tasks; speedup vs length r = %s; %d figures in %s",
-             summary["n_candidates"], summary["n_correct"], summary["n_tasks"], summary["speedup_vs_length"]["r"],
-             len(summary["figures"]), fig_dir)
+    log.info(
+        "analyze: %d candidates (%d correct) over %d tasks; speedup vs length r = %s; %d figures in %s",
+        summary["n_candidates"],
+        summary["n_correct"],
+        summary["n_tasks"],
+        summary["speedup_vs_length"]["r"],
+        len(summary["figures"]),
+        fig_dir,
+    )

@@ -55,8 +55,9 @@ class Generation:
 class Backend(Protocol):
     name: str
 
-    def generate(self, requests: list[Request], samples: int,
-                 skip: Collection[tuple[str, int]] = NOTHING) -> Iterator[Generation]: ...
+    def generate(
+        self, requests: list[Request], samples: int, skip: Collection[tuple[str, int]] = NOTHING
+    ) -> Iterator[Generation]: ...
 
 
 def missing_samples(request: Request, samples: int, skip: Collection[tuple[str, int]]) -> list[int]:
@@ -80,8 +81,9 @@ class ReplayBackend:
         self.path = Path(path)
         self.rows = _read_generations(self.path)
 
-    def generate(self, requests: list[Request], samples: int,
-                 skip: Collection[tuple[str, int]] = NOTHING) -> Iterator[Generation]:
+    def generate(
+        self, requests: list[Request], samples: int, skip: Collection[tuple[str, int]] = NOTHING
+    ) -> Iterator[Generation]:
         wanted = {r.task_id for r in requests}
         by_task: dict[str, int] = {}
         for row in self.rows:
@@ -92,8 +94,14 @@ class ReplayBackend:
             by_task[task_id] = idx + 1
             if idx >= samples or (task_id, idx) in skip:
                 continue
-            yield Generation(task_id, idx, row["response"], row.get("finish_reason") or "replay",
-                             int(row.get("seed") or 0), row.get("reasoning") or None)
+            yield Generation(
+                task_id,
+                idx,
+                row["response"],
+                row.get("finish_reason") or "replay",
+                int(row.get("seed") or 0),
+                row.get("reasoning") or None,
+            )
         absent = sorted(wanted - set(by_task))
         if absent:
             log.warning("%s has no generations for %d task(s), e.g. %s", self.path, len(absent), absent[0])
@@ -148,13 +156,14 @@ class TransformersBackend:
             self.model = PeftModel.from_pretrained(self.model, str(adapter)).merge_and_unload()
         self.model.eval()
 
-    def generate(self, requests: list[Request], samples: int,
-                 skip: Collection[tuple[str, int]] = NOTHING) -> Iterator[Generation]:
+    def generate(
+        self, requests: list[Request], samples: int, skip: Collection[tuple[str, int]] = NOTHING
+    ) -> Iterator[Generation]:
         from tqdm import tqdm
 
         todo = [(r, missing) for r in requests if (missing := missing_samples(r, samples, skip))]
         size = self.settings["batch_size"]
-        batches = [todo[i:i + size] for i in range(0, len(todo), size)]
+        batches = [todo[i : i + size] for i in range(0, len(todo), size)]
         for batch in tqdm(batches, desc=f"generate ({samples} samples a prompt)", unit="batch"):
             yield from self._sample_batch(batch)
 
@@ -171,8 +180,10 @@ class TransformersBackend:
                 yield from self._sample(batch, rows, {k: v[rows] for k, v in enc.items()}, None, sample_idx)
 
     def _encode(self, requests: list[Request]):
-        texts = [self.tokenizer.apply_chat_template(chat(r.prompt), tokenize=False, add_generation_prompt=True)
-                 for r in requests]
+        texts = [
+            self.tokenizer.apply_chat_template(chat(r.prompt), tokenize=False, add_generation_prompt=True)
+            for r in requests
+        ]
         return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
 
     def _prompt_cache(self, enc):
@@ -184,8 +195,12 @@ class TransformersBackend:
             return None
         positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
         with torch.inference_mode():
-            out = self.model(input_ids=enc["input_ids"][:, :-1], attention_mask=mask[:, :-1],
-                             position_ids=positions[:, :-1], use_cache=True)
+            out = self.model(
+                input_ids=enc["input_ids"][:, :-1],
+                attention_mask=mask[:, :-1],
+                position_ids=positions[:, :-1],
+                use_cache=True,
+            )
         return out.past_key_values
 
     def _sample(self, batch, rows: list[int], enc, prefix, sample_idx: int) -> Iterator[Generation]:
@@ -207,7 +222,7 @@ class TransformersBackend:
                 max_new_tokens=self.settings["max_new_tokens"],
                 pad_token_id=self.tokenizer.pad_token_id,
             )
-        new_tokens = out[:, enc["input_ids"].shape[1]:]
+        new_tokens = out[:, enc["input_ids"].shape[1] :]
         eos = self.tokenizer.eos_token_id
         for row, tokens in zip(rows, new_tokens):
             ended = eos is not None and bool((tokens == eos).any())
@@ -241,16 +256,21 @@ class VLLMBackend:
         self.chunk = int(generator["prompts_per_call"])
         self.llm = vllm.LLM(**engine_kwargs(generator, model_spec, settings, self.adapter))
 
-    def generate(self, requests: list[Request], samples: int,
-                 skip: Collection[tuple[str, int]] = NOTHING) -> Iterator[Generation]:
+    def generate(
+        self, requests: list[Request], samples: int, skip: Collection[tuple[str, int]] = NOTHING
+    ) -> Iterator[Generation]:
         todo = [r for r in requests if missing_samples(r, samples, skip)]
         seed = int(self.settings["seed"])
-        params = self.vllm.SamplingParams(n=samples, temperature=self.settings["temperature"],
-                                          top_p=self.settings["top_p"], max_tokens=self.settings["max_new_tokens"],
-                                          seed=seed)
+        params = self.vllm.SamplingParams(
+            n=samples,
+            temperature=self.settings["temperature"],
+            top_p=self.settings["top_p"],
+            max_tokens=self.settings["max_new_tokens"],
+            seed=seed,
+        )
         lora = self._lora_request()
         for start in range(0, len(todo), self.chunk):
-            chunk = todo[start:start + self.chunk]
+            chunk = todo[start : start + self.chunk]
             outputs = self.llm.chat([chat(r.prompt) for r in chunk], params, lora_request=lora)
             if len(outputs) != len(chunk):
                 raise RuntimeError(f"vllm returned {len(outputs)} outputs for {len(chunk)} prompts")
@@ -270,10 +290,13 @@ def engine_kwargs(generator: dict, model_spec: dict, settings: dict, adapter: st
     from .models import lora_rank, resolve_path
 
     generator = config.with_defaults("generator", generator)
-    kwargs = {"model": resolve_path(model_spec),
-              "tensor_parallel_size": generator.get("tensor_parallel_size") or max(1, int(settings.get("gpus") or 1)),
-              "dtype": model_spec.get("dtype", "auto"), "seed": int(settings["seed"]),
-              "gpu_memory_utilization": generator["gpu_memory_utilization"]}
+    kwargs = {
+        "model": resolve_path(model_spec),
+        "tensor_parallel_size": generator.get("tensor_parallel_size") or max(1, int(settings.get("gpus") or 1)),
+        "dtype": model_spec.get("dtype", "auto"),
+        "seed": int(settings["seed"]),
+        "gpu_memory_utilization": generator["gpu_memory_utilization"],
+    }
     for key in ("max_model_len", "max_num_seqs"):
         if generator.get(key):
             kwargs[key] = generator[key]
@@ -291,8 +314,9 @@ def completions(req: Request, output, seed: int) -> Iterator[Generation]:
     """Generations from one vLLM RequestOutput (its `outputs` are CompletionOutputs, `index` = sample)."""
     for position, comp in enumerate(output.outputs):
         idx = getattr(comp, "index", position)
-        yield Generation(req.task_id, int(idx), comp.text, comp.finish_reason or "unfinished", seed, None,
-                         len(comp.token_ids))
+        yield Generation(
+            req.task_id, int(idx), comp.text, comp.finish_reason or "unfinished", seed, None, len(comp.token_ids)
+        )
 
 
 # --------------------------------------------------------------------------------------------------------- openai
@@ -322,8 +346,9 @@ class OpenAIBackend:
         self.request_n = bool(generator["request_n"])
         self.settings = settings
 
-    def generate(self, requests: list[Request], samples: int,
-                 skip: Collection[tuple[str, int]] = NOTHING) -> Iterator[Generation]:
+    def generate(
+        self, requests: list[Request], samples: int, skip: Collection[tuple[str, int]] = NOTHING
+    ) -> Iterator[Generation]:
         jobs = self._jobs(requests, samples, skip)
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             futures = [pool.submit(self._answer, req, indices) for req, indices in jobs]
@@ -342,9 +367,15 @@ class OpenAIBackend:
 
     def _answer(self, req: Request, indices: list[int]) -> list[Generation]:
         seed = int(self.settings["seed"]) + indices[0]
-        body = {"model": self.model, "messages": chat(req.prompt), "temperature": self.settings["temperature"],
-                "top_p": self.settings["top_p"], "max_tokens": self.settings["max_new_tokens"], "seed": seed,
-                "n": len(indices)}
+        body = {
+            "model": self.model,
+            "messages": chat(req.prompt),
+            "temperature": self.settings["temperature"],
+            "top_p": self.settings["top_p"],
+            "max_tokens": self.settings["max_new_tokens"],
+            "seed": seed,
+            "n": len(indices),
+        }
         what = f"{req.task_id} sample {indices[0]}" + (f"-{indices[-1]}" if len(indices) > 1 else "")
         data = post(self.url, body, self.api_key, self.timeout, self.retries, self.backoff, what)
         return parse_choices(data, req, indices, seed, f"{self.url}: {what}")
@@ -356,8 +387,9 @@ def api_key(generator: dict) -> str | None:
         return None
     key = os.environ.get(env)
     if not key:
-        raise RuntimeError(f"openai generator {generator.get('model')!r}: environment variable {env} "
-                           f"(api_key_env) is not set")
+        raise RuntimeError(
+            f"openai generator {generator.get('model')!r}: environment variable {env} (api_key_env) is not set"
+        )
     return key
 
 
@@ -367,8 +399,10 @@ def parse_choices(data: dict, req: Request, indices: list[int], seed: int, where
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or len(choices) != len(indices):
         got = len(choices) if isinstance(choices, list) else "no"
-        raise RuntimeError(f"{where}: expected {len(indices)} choice(s), the server returned {got} "
-                           f"(set request_n: false if it ignores `n`)")
+        raise RuntimeError(
+            f"{where}: expected {len(indices)} choice(s), the server returned {got} "
+            f"(set request_n: false if it ignores `n`)"
+        )
     tokens = (data.get("usage") or {}).get("completion_tokens")
     share = int(tokens) // len(choices) if tokens is not None else None
     ordered = sorted(choices, key=lambda c: c.get("index", 0))
@@ -376,8 +410,17 @@ def parse_choices(data: dict, req: Request, indices: list[int], seed: int, where
     for idx, choice in zip(indices, ordered):
         msg = choice.get("message") or {}
         reasoning = msg.get("reasoning_content") or msg.get("reasoning") or None
-        gens.append(Generation(req.task_id, idx, msg.get("content") or "", choice.get("finish_reason") or "unknown",
-                               seed, reasoning, share))
+        gens.append(
+            Generation(
+                req.task_id,
+                idx,
+                msg.get("content") or "",
+                choice.get("finish_reason") or "unknown",
+                seed,
+                reasoning,
+                share,
+            )
+        )
     return gens
 
 
@@ -403,7 +446,7 @@ def post(url: str, body: dict, key: str | None, timeout: float, retries: int, ba
         if attempt == retries:
             raise RuntimeError(f"{url}: {what} failed after {retries + 1} attempts (last: {problem})")
         if wait is None:
-            wait = min(MAX_BACKOFF_S, backoff * 2 ** attempt) * (0.5 + random.random())
+            wait = min(MAX_BACKOFF_S, backoff * 2**attempt) * (0.5 + random.random())
         log.warning("%s: %s, retry %d of %d in %.1fs", what, problem, attempt + 1, retries, wait)
         time.sleep(wait)
     raise AssertionError("unreachable")
@@ -426,12 +469,13 @@ def make_backend(generator: dict, model_specs: dict, settings: dict, adapter: st
         return ReplayBackend(generator["path"])
     if kind == "openai":
         if adapter:
-            raise ValueError("openai generators cannot apply an adapter; serve it (vllm serve --lora-modules) and "
-                             "name it as the generator's model")
+            raise ValueError(
+                "openai generators cannot apply an adapter; serve it (vllm serve --lora-modules) and "
+                "name it as the generator's model"
+            )
         return OpenAIBackend(generator, settings)
     if kind == "vllm":
-        return VLLMBackend(generator, model_spec(generator, model_specs), settings,
-                           adapter or generator.get("adapter"))
+        return VLLMBackend(generator, model_spec(generator, model_specs), settings, adapter or generator.get("adapter"))
     if kind == "transformers":
         return TransformersBackend(model_spec(generator, model_specs), settings, adapter or generator.get("adapter"))
     raise ValueError(f"unknown generator backend {kind!r}")
@@ -440,6 +484,8 @@ def make_backend(generator: dict, model_specs: dict, settings: dict, adapter: st
 def model_spec(generator: dict, model_specs: dict) -> dict:
     name = generator.get("model")
     if name not in model_specs:
-        raise ValueError(f"{generator['backend']} generator: model {name!r} is not a `models` entry "
-                         f"(entries: {', '.join(sorted(model_specs)) or 'none'})")
+        raise ValueError(
+            f"{generator['backend']} generator: model {name!r} is not a `models` entry "
+            f"(entries: {', '.join(sorted(model_specs)) or 'none'})"
+        )
     return model_specs[name]

@@ -228,7 +228,10 @@ def _eval_score(args) -> None:
     verified = dict(item.split("=", 1) for item in args.verified)
     out = _out_dir(args, cfg, "eval")
     outputs = SimpleNamespace(
-        csv=out / "scores.csv", table_csv=out / "table.csv", table_md=out / "table.md", difficulty=out / "difficulty.csv"
+        csv=out / "scores.csv",
+        table_csv=out / "table.csv",
+        table_md=out / "table.md",
+        difficulty=out / "difficulty.csv",
     )
     info = workflow.eval_model_info(cfg)
     models = {model: info.get(model, {"kind": "", "generator": ""}) for model in verified}

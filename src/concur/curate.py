@@ -39,8 +39,16 @@ TIE_RULE = (
     "when exactly equal."
 )
 
-_CANDIDATE_COLUMNS = ("candidate_id", "task_id", "generator", "prompt", "reasoning", "answer", "code",
-                      "reasoning_tokens")
+_CANDIDATE_COLUMNS = (
+    "candidate_id",
+    "task_id",
+    "generator",
+    "prompt",
+    "reasoning",
+    "answer",
+    "code",
+    "reasoning_tokens",
+)
 _VERDICT_COLUMNS = ("candidate_id", "task_id", "correct", "speedup")
 _TASK_COLUMNS = ("task_id", "name", "category", "level")
 
@@ -82,8 +90,10 @@ def join_candidates(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.
     clash = merged[merged["task_id"] != merged["verdict_task_id"]]
     if len(clash):
         row = clash.iloc[0]
-        raise ValueError(f"candidate {row['candidate_id']!r}: candidate task_id {row['task_id']!r} != "
-                         f"verdict task_id {row['verdict_task_id']!r}")
+        raise ValueError(
+            f"candidate {row['candidate_id']!r}: candidate task_id {row['task_id']!r} != "
+            f"verdict task_id {row['verdict_task_id']!r}"
+        )
     unknown = sorted(set(merged["task_id"]) - set(tasks["task_id"]))
     if unknown:
         raise ValueError(f"candidates refer to task_id {unknown[0]!r}, which is not in the tasks table")
@@ -115,8 +125,9 @@ def select_shortest_fastest(correct: pd.DataFrame, selection: str) -> list[str]:
         both = (speed == speed.groupby(by_task).transform("max")) & (tokens == tokens.groupby(by_task).transform("min"))
         picked = correct.loc[both, ["task_id", "candidate_id"]].groupby("task_id", sort=True)["candidate_id"].min()
         return list(picked)
-    ranked = pd.DataFrame({"task_id": correct["task_id"], "neg_speed": -speed, "tokens": tokens,
-                           "candidate_id": correct["candidate_id"]})
+    ranked = pd.DataFrame(
+        {"task_id": correct["task_id"], "neg_speed": -speed, "tokens": tokens, "candidate_id": correct["candidate_id"]}
+    )
     ranked = ranked.sort_values(["task_id", "neg_speed", "tokens", "candidate_id"], kind="stable")
     return list(ranked.drop_duplicates("task_id")["candidate_id"])
 
@@ -206,22 +217,34 @@ def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame
 
     ids_a = select_shortest_fastest(correct, selection)
     ids_b = select_high_speedup(correct, threshold, set(ids_a))
-    admitted = pd.concat([_rows(correct, ids_a, CRITERIA[0]), _rows(correct, ids_b, CRITERIA[1])],
-                         ignore_index=True)
+    admitted = pd.concat([_rows(correct, ids_a, CRITERIA[0]), _rows(correct, ids_b, CRITERIA[1])], ignore_index=True)
     ids_c = select_single_op_balance(correct, admitted, share)
     admitted = pd.concat([admitted, _rows(correct, ids_c, CRITERIA[2])], ignore_index=True)
     dataset = contracts.conform(admitted, contracts.DATASET, "curated dataset")
 
     subsets = {name: _ablation(correct, name, len(dataset), seed) for name in ablations}
-    sft = [sft_record(row) for row in dataset.loc[:, ["candidate_id", "task_id", "prompt", "reasoning", "answer"]]
-           .to_dict(orient="records")]
-    card = dataset_card(dataset, joined, settings={"selection": selection, "speedup_threshold": threshold,
-                                                   "single_op_share": share, "ablations": ablations,
-                                                   "seed": seed})
+    sft = [
+        sft_record(row)
+        for row in dataset.loc[:, ["candidate_id", "task_id", "prompt", "reasoning", "answer"]].to_dict(
+            orient="records"
+        )
+    ]
+    card = dataset_card(
+        dataset,
+        joined,
+        settings={
+            "selection": selection,
+            "speedup_threshold": threshold,
+            "single_op_share": share,
+            "ablations": ablations,
+            "seed": seed,
+        },
+    )
     return Curated(dataset=dataset, subsets=subsets, sft=sft, card=card)
 
 
 # ---------------------------------------------------------------- dataset card
+
 
 def _fmt(value: float) -> str:
     return "n/a" if pd.isna(value) else f"{value:.4g}"
@@ -231,8 +254,10 @@ def _stats_row(label: str, values: pd.Series) -> str:
     values = values.dropna().astype(float)
     if values.empty:
         return f"| {label} | 0 | n/a | n/a | n/a | n/a |"
-    return (f"| {label} | {len(values)} | {_fmt(values.min())} | {_fmt(values.median())} | "
-            f"{_fmt(values.mean())} | {_fmt(values.max())} |")
+    return (
+        f"| {label} | {len(values)} | {_fmt(values.min())} | {_fmt(values.median())} | "
+        f"{_fmt(values.mean())} | {_fmt(values.max())} |"
+    )
 
 
 def _count_table(series: pd.Series, header: str, order) -> list[str]:
@@ -257,35 +282,59 @@ def dataset_card(dataset: pd.DataFrame, joined: pd.DataFrame, settings: dict) ->
         "",
     ]
     if dataset.empty:
-        lines += ["**The dataset is empty**: no candidate was admitted "
-                  f"({'no correct candidates' if correct.empty else 'no criterion matched'}).", ""]
+        lines += [
+            "**The dataset is empty**: no candidate was admitted "
+            f"({'no correct candidates' if correct.empty else 'no criterion matched'}).",
+            "",
+        ]
     lines += ["## Rows per criterion", ""] + _count_table(dataset["criterion"], "criterion", CRITERIA)
     lines += ["", "## Rows per category", ""] + _count_table(dataset["category"], "category", contracts.CATEGORIES)
     stats_header = ["| set | n | min | median | mean | max |", "|---|---:|---:|---:|---:|---:|"]
-    lines += ["", "## Reasoning length (tokens)", ""] + stats_header + [
-        _stats_row("dataset", dataset["reasoning_tokens"]),
-        _stats_row("all correct candidates", correct["reasoning_tokens"]),
-    ]
-    lines += ["", "## Speedup (reference time / kernel time)", ""] + stats_header + [
-        _stats_row("dataset", dataset["speedup"]),
-        _stats_row("all correct candidates", correct["speedup"]),
-    ]
+    lines += (
+        ["", "## Reasoning length (tokens)", ""]
+        + stats_header
+        + [
+            _stats_row("dataset", dataset["reasoning_tokens"]),
+            _stats_row("all correct candidates", correct["reasoning_tokens"]),
+        ]
+    )
+    lines += (
+        ["", "## Speedup (reference time / kernel time)", ""]
+        + stats_header
+        + [
+            _stats_row("dataset", dataset["speedup"]),
+            _stats_row("all correct candidates", correct["speedup"]),
+        ]
+    )
     lines += ["", "## Settings", ""] + [f"- `{k}`: {v}" for k, v in settings.items()]
-    lines += ["", "## Tie rule", "", TIE_RULE, "",
-              "Under `strict` a task whose fastest kernel is not also its shortest-reasoning kernel adds nothing "
-              "to `shortest_fastest`.", ""]
+    lines += [
+        "",
+        "## Tie rule",
+        "",
+        TIE_RULE,
+        "",
+        "Under `strict` a task whose fastest kernel is not also its shortest-reasoning kernel adds nothing "
+        "to `shortest_fastest`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def run(candidate_paths, verified_paths, tasks_path, settings: dict, outputs) -> None:
     """The curate stage. `outputs` has .dataset, .sft, .card and .subsets (paths named {subset}.parquet)."""
-    curated = curate(read_parquets(candidate_paths), read_parquets(verified_paths), pd.read_parquet(tasks_path),
-                     settings)
+    curated = curate(
+        read_parquets(candidate_paths), read_parquets(verified_paths), pd.read_parquet(tasks_path), settings
+    )
     write_parquet(curated.dataset, outputs.dataset)
     write_jsonl(curated.sft, outputs.sft)
     write_text(curated.card, outputs.card)
     for path in outputs.subsets:
         write_parquet(curated.subsets[Path(path).stem], path)
     dataset = curated.dataset
-    log.info("curate: %d rows over %d tasks (%s); subset rows: %s", len(dataset), dataset["task_id"].nunique(),
-             dataset["criterion"].value_counts().to_dict(), {name: len(s) for name, s in curated.subsets.items()})
+    log.info(
+        "curate: %d rows over %d tasks (%s); subset rows: %s",
+        len(dataset),
+        dataset["task_id"].nunique(),
+        dataset["criterion"].value_counts().to_dict(),
+        {name: len(s) for name, s in curated.subsets.items()},
+    )

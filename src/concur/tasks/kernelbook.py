@@ -34,7 +34,7 @@ def adapt_kernelbook(code: str, entry_point: str) -> str:
         adapter = _binding_adapter(entry_point, kwargs)
     lines = code.splitlines()
     start = min([init_fn.lineno] + [d.lineno for d in init_fn.decorator_list]) - 1
-    body = "\n".join(lines[:start] + new_fn.splitlines() + lines[init_fn.end_lineno:]).rstrip("\n")
+    body = "\n".join(lines[:start] + new_fn.splitlines() + lines[init_fn.end_lineno :]).rstrip("\n")
     return body + "\n" + adapter
 
 
@@ -43,7 +43,8 @@ def _kernelbook_init_return(init_fn: ast.FunctionDef) -> tuple[list[str], dict[s
     last = init_fn.body[-1]
     value = last.value if isinstance(last, ast.Return) else None
     shaped = (
-        isinstance(value, (ast.List, ast.Tuple)) and len(value.elts) == 2
+        isinstance(value, (ast.List, ast.Tuple))
+        and len(value.elts) == 2
         and isinstance(value.elts[0], (ast.List, ast.Tuple))
         and not any(isinstance(e, ast.Starred) for e in value.elts[0].elts)
         and isinstance(value.elts[1], ast.Dict)
@@ -56,7 +57,9 @@ def _kernelbook_init_return(init_fn: ast.FunctionDef) -> tuple[list[str], dict[s
     return args, kwargs
 
 
-def _kwargs_as_positional(tree: ast.Module, entry: ast.ClassDef, n_args: int, kwargs: dict[str, str]) -> list[str] | None:
+def _kwargs_as_positional(
+    tree: ast.Module, entry: ast.ClassDef, n_args: int, kwargs: dict[str, str]
+) -> list[str] | None:
     """Keyword values in positional order after the n_args positional ones, or None when the signature forbids it."""
     if not kwargs:
         return []
@@ -66,12 +69,12 @@ def _kwargs_as_positional(tree: ast.Module, entry: ast.ClassDef, n_args: int, kw
     spec = init.args
     params = [p.arg for p in spec.posonlyargs + spec.args][1:]
     first_keyword = max(len(spec.posonlyargs) - 1, 0)
-    defaults = dict(zip(params[len(params) - len(spec.defaults):], spec.defaults)) if spec.defaults else {}
+    defaults = dict(zip(params[len(params) - len(spec.defaults) :], spec.defaults)) if spec.defaults else {}
     slot = {name: i for i, name in enumerate(params) if i >= first_keyword}
     if any(name not in slot or slot[name] < n_args for name in kwargs):
         return None
     values = []
-    for name in params[n_args:max(slot[k] for k in kwargs) + 1]:
+    for name in params[n_args : max(slot[k] for k in kwargs) + 1]:
         if name in kwargs:
             values.append(kwargs[name])
         elif name in defaults and _is_literal(defaults[name]):

@@ -50,8 +50,11 @@ def model_class(tree: ast.Module) -> ast.ClassDef | None:
     """The class `Model` names: `class Model`, or the class of a top-level `Model = SomeClass`."""
     target = "Model"
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)
-                and any(isinstance(t, ast.Name) and t.id == "Model" for t in node.targets)):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Name)
+            and any(isinstance(t, ast.Name) and t.id == "Model" for t in node.targets)
+        ):
             target = node.value.id
     return classes_of(tree).get(target)
 
@@ -112,15 +115,23 @@ def _count_ops_in(forward: ast.FunctionDef | None) -> int:
 
 
 def _has_loop(forward: ast.FunctionDef | None) -> bool:
-    return forward is not None and any(isinstance(n, (ast.For, ast.While, ast.comprehension)) for n in ast.walk(forward))
+    return forward is not None and any(
+        isinstance(n, (ast.For, ast.While, ast.comprehension)) for n in ast.walk(forward)
+    )
 
 
 def _layer_calls(forward: ast.FunctionDef | None) -> int:
     """Calls of submodules held on self (`self.conv(x)`)."""
     if forward is None:
         return 0
-    return sum(1 for n in ast.walk(forward) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-               and isinstance(n.func.value, ast.Name) and n.func.value.id == "self")
+    return sum(
+        1
+        for n in ast.walk(forward)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "self"
+    )
 
 
 def _builds_composite_submodule(tree: ast.Module, model: ast.ClassDef | None) -> bool:

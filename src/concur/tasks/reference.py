@@ -24,8 +24,9 @@ _SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_
 _MB = 2**20
 
 
-def validate_programs(codes: list[str], timeout_s: float, max_input_mb: float, workers: int,
-                      started: list | None = None) -> list[dict]:
+def validate_programs(
+    codes: list[str], timeout_s: float, max_input_mb: float, workers: int, started: list | None = None
+) -> list[dict]:
     """One verdict per program, in order: {"status": ok | rejected | too_large | timeout, "reason", "seconds"}.
 
     Each checker process imports torch once and forks a fresh child per program, so a program costs a fork rather
@@ -90,10 +91,18 @@ class Checker:
     @staticmethod
     def _start() -> subprocess.Popen:
         src = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, **_SINGLE_THREAD_ENV,
-               "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
-        return subprocess.Popen([sys.executable, "-c", "from concur.tasks.reference import serve_checks; serve_checks()"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        env = {
+            **os.environ,
+            **_SINGLE_THREAD_ENV,
+            "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p),
+        }
+        return subprocess.Popen(
+            [sys.executable, "-c", "from concur.tasks.reference import serve_checks; serve_checks()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
 
 
 def serve_checks() -> None:
@@ -129,10 +138,16 @@ def _check_in_fork(job: dict) -> dict:
         return {"status": "timeout", "reason": f"ran longer than {job['timeout_s']} s on the CPU", "seconds": seconds}
     if payload:
         return {**json.loads(payload), "seconds": seconds}
-    how = f"signal {-os.waitstatus_to_exitcode(status)}" if os.WIFSIGNALED(status) else \
-        f"exit code {os.waitstatus_to_exitcode(status)}"
-    return {"status": "rejected", "reason": f"the reference process ended without a verdict ({how})",
-            "seconds": seconds}
+    how = (
+        f"signal {-os.waitstatus_to_exitcode(status)}"
+        if os.WIFSIGNALED(status)
+        else f"exit code {os.waitstatus_to_exitcode(status)}"
+    )
+    return {
+        "status": "rejected",
+        "reason": f"the reference process ended without a verdict ({how})",
+        "seconds": seconds,
+    }
 
 
 def _read_until(fd: int, deadline: float) -> tuple[bytes, bool]:

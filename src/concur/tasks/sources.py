@@ -174,7 +174,9 @@ def input_files(sources: list[dict]) -> list[str]:
         elif kind == "folder":
             files += _folder_programs(path) if path.is_dir() else []
         elif kind == "kernelbench" and (root := _kernelbench_root(path)):
-            files += [p for level in source.get("levels") or _kernelbench_levels(root) for p in _level_files(root, level)]
+            files += [
+                p for level in source.get("levels") or _kernelbench_levels(root) for p in _level_files(root, level)
+            ]
         else:
             files += _table_files(path)
     return [p.as_posix() for p in files if p.is_file()]
@@ -231,7 +233,9 @@ def _kernelbench_files(root: Path, levels: list[int] | None):
 
 def _kernelbench_table(path: str, revision: str | None, levels: list[int] | None):
     table = read_table(path, revision)
-    require_columns(table, ["code", "level", "name", "problem_id"], f"{path}: not a KernelBench dataset export", TaskError)
+    require_columns(
+        table, ["code", "level", "name", "problem_id"], f"{path}: not a KernelBench dataset export", TaskError
+    )
     for record in table.to_dict("records"):
         level, problem_id = int(record["level"]), int(record["problem_id"])
         if levels and level not in levels:

@@ -17,7 +17,16 @@ from .progress import note
 CHECKPOINTS = "checkpoints"
 FINGERPRINT = "fingerprint.txt"  # in the checkpoint folder: sha256 of what its checkpoints were trained on
 # Keys that do not change what a checkpoint holds: a run with other values may resume it.
-RESUMABLE_ACROSS = ("epochs", "max_steps", "gpus", "adapters", "merge", "save_steps", "distributed", "accelerate_config")
+RESUMABLE_ACROSS = (
+    "epochs",
+    "max_steps",
+    "gpus",
+    "adapters",
+    "merge",
+    "save_steps",
+    "distributed",
+    "accelerate_config",
+)
 
 
 def run_fingerprint(records: list[dict], model_spec: dict, settings: dict) -> str:

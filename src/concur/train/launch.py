@@ -57,7 +57,9 @@ def run(
     note(log_path, "train: " + " ".join(command))
     finished = subprocess.run(command, check=False)
     if finished.returncode != 0:
-        raise RuntimeError(f"accelerate launch of {settings['gpus']} training processes exited with {finished.returncode}")
+        raise RuntimeError(
+            f"accelerate launch of {settings['gpus']} training processes exited with {finished.returncode}"
+        )
     return json.loads((out / "train_summary.json").read_text())
 
 
@@ -97,13 +99,21 @@ def launch_command(gpus: int, accelerate_config: str, job_file: str | Path, port
     two training jobs on one node do not collide.
     """
     return [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(accelerate_config),
-        "--num_processes", str(int(gpus)),
-        "--num_machines", "1",
-        "--main_process_port", str(port if port is not None else _free_port()),
-        "-m", "concur.train", str(job_file),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(accelerate_config),
+        "--num_processes",
+        str(int(gpus)),
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        str(port if port is not None else _free_port()),
+        "-m",
+        "concur.train",
+        str(job_file),
+    ]
 
 
 def _free_port() -> int:

@@ -14,8 +14,19 @@ from trl import SFTTrainer
 from .records import IGNORE_INDEX
 
 LOGGER = logging.getLogger("concur.train")
-LOG_KEYS = ("step", "epoch", "loss", "learning_rate", "grad_norm", "tokens", "input_tokens", "padded_tokens",
-            "tokens_per_s", "input_tokens_per_s", "step_time_s")
+LOG_KEYS = (
+    "step",
+    "epoch",
+    "loss",
+    "learning_rate",
+    "grad_norm",
+    "tokens",
+    "input_tokens",
+    "padded_tokens",
+    "tokens_per_s",
+    "input_tokens_per_s",
+    "step_time_s",
+)
 
 
 def step_log(log_history: list[dict]) -> list[dict]:
@@ -31,7 +42,6 @@ def note(log_path: Path | None, line: str) -> None:
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8") as handle:
         handle.write(line.rstrip("\n") + "\n")
-
 
 
 COUNTED = ("tokens", "input_tokens", "padded_tokens")  # target (assistant) tokens, all non-padding, all positions
@@ -58,10 +68,12 @@ class ConcurSFTTrainer(SFTTrainer):
         if model.training:
             self._count(inputs)
         if self.fused_loss:
-            return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
-        return Trainer.compute_loss(self, model, inputs, return_outputs=return_outputs,
-                                    num_items_in_batch=num_items_in_batch)
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
+        return Trainer.compute_loss(
+            self, model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
 
     def _count(self, inputs: dict) -> None:
         labels = inputs["labels"]
@@ -71,8 +83,9 @@ class ConcurSFTTrainer(SFTTrainer):
             self._clock = time.perf_counter()
         mask = inputs.get("attention_mask")
         real = mask.sum() if mask is not None else torch.tensor(labels.numel(), device=labels.device)
-        self._pending += torch.stack([(labels != IGNORE_INDEX).sum(), real, torch.tensor(labels.numel(),
-                                                                                          device=labels.device)])
+        self._pending += torch.stack(
+            [(labels != IGNORE_INDEX).sum(), real, torch.tensor(labels.numel(), device=labels.device)]
+        )
 
     def log(self, logs: dict, start_time: float | None = None) -> None:
         if "loss" in logs and self._pending is not None:  # every process logs each step: the reduce is collective
@@ -108,6 +121,11 @@ class ProgressCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs and state.is_world_process_zero:
             line = "step {} epoch {:.2f} loss {:.4f} lr {:.3g} tokens {} ({} tokens/s)".format(
-                state.global_step, logs.get("epoch", 0), logs["loss"], logs.get("learning_rate", 0),
-                logs.get("tokens"), logs.get("tokens_per_s"))
+                state.global_step,
+                logs.get("epoch", 0),
+                logs["loss"],
+                logs.get("learning_rate", 0),
+                logs.get("tokens"),
+                logs.get("tokens_per_s"),
+            )
             note(self.log_path, line)

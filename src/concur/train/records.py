@@ -41,7 +41,9 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> li
 
 def _check_messages(messages: list[dict]) -> None:
     if not isinstance(messages, list) or len(messages) < 2:
-        raise ValueError(f"messages: expected a list of at least 2 turns ending with the assistant, got {messages!r:.80}")
+        raise ValueError(
+            f"messages: expected a list of at least 2 turns ending with the assistant, got {messages!r:.80}"
+        )
     if messages[-1].get("role") != "assistant":
         raise ValueError(f"messages: the last turn must have role 'assistant', not {messages[-1].get('role')!r}")
 

@@ -65,18 +65,26 @@ def train_adapter(
     main_process = args.process_index == 0
     log_path = log_path if main_process else None
     with args.main_process_first(desc="checkpoints"):  # the main process clears stale checkpoints, then the others look
-        resume = usable_checkpoint(checkpoint_dir, run_fingerprint(records, model_spec, settings), log_path, main_process)
+        resume = usable_checkpoint(
+            checkpoint_dir, run_fingerprint(records, model_spec, settings), log_path, main_process
+        )
     trainer = build_trainer(kept, model_spec, settings, tokenizer, args, device, log_path)
     n_target = sum(n_target_tokens(e) for e in examples)
     check_labels(trainer.train_dataset, n_target)
     if settings["packing"] and settings["batch_size"] > 1 and main_process and not _varlen_attention(model_spec):
-        note(log_path, "train: packing flattens the batch_size packed rows of a batch into one row; with sdpa or "
-                        "eager attention its cost grows with the square of that row's length: prefer batch_size 1 "
-                        "and gradient_accumulation_steps")
+        note(
+            log_path,
+            "train: packing flattens the batch_size packed rows of a batch into one row; with sdpa or "
+            "eager attention its cost grows with the square of that row's length: prefer batch_size 1 "
+            "and gradient_accumulation_steps",
+        )
     rows = "packed rows" if settings["packing"] else "examples"
     say = note if main_process else lambda *_: None  # one line per launch, not one per process
-    say(log_path, f"train: {len(kept)} examples ({n_dropped} dropped) in {len(trainer.train_dataset)} {rows}, "
-                    f"{n_target} target tokens per epoch, on {device} x{args.world_size}, resume from {resume}")
+    say(
+        log_path,
+        f"train: {len(kept)} examples ({n_dropped} dropped) in {len(trainer.train_dataset)} {rows}, "
+        f"{n_target} target tokens per epoch, on {device} x{args.world_size}, resume from {resume}",
+    )
     with warnings.catch_warnings():
         # peft looks for the base model's config.json to check the vocabulary; a GGUF folder has none
         warnings.filterwarnings("ignore", message="Could not find a config file in")
@@ -123,7 +131,9 @@ def _summary(records, examples, n_dropped, trainer, log, model_spec, settings, d
         # all tokens over the summed wall time of the optimizer steps (a resumed run's earlier steps included)
         "train_seconds": round(seconds, 3),
         "tokens_per_s": round(last["tokens"] / seconds, 3) if seconds and last.get("tokens") else None,
-        "input_tokens_per_s": round(last["input_tokens"] / seconds, 3) if seconds and last.get("input_tokens") else None,
+        "input_tokens_per_s": round(last["input_tokens"] / seconds, 3)
+        if seconds and last.get("input_tokens")
+        else None,
         "device": device,
         "processes": trainer.args.world_size,
         "distributed": settings["distributed"] if trainer.args.world_size > 1 else None,
@@ -143,8 +153,12 @@ def trainer_versions() -> dict:
     import transformers
     import trl
 
-    return {"trl": trl.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
-            "torch": torch.__version__}
+    return {
+        "trl": trl.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "torch": torch.__version__,
+    }
 
 
 def _device(gpus: int) -> str:
@@ -152,8 +166,11 @@ def _device(gpus: int) -> str:
 
 
 def sft_config(settings: dict, checkpoint_dir: Path, on_cuda: bool) -> SFTConfig:
-    saving = {"save_strategy": "steps", "save_steps": settings["save_steps"]} if settings["save_steps"] else {
-        "save_strategy": "epoch"}
+    saving = (
+        {"save_strategy": "steps", "save_steps": settings["save_steps"]}
+        if settings["save_steps"]
+        else {"save_strategy": "epoch"}
+    )
     return SFTConfig(
         output_dir=str(checkpoint_dir),
         max_length=settings["max_length"],
