@@ -21,8 +21,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
-from concur.verify import compile_frame, verify_frame  # noqa: E402
 from verify_frames import candidates_frame, tasks_frame  # noqa: E402
+
+from concur.verify import compile_frame, verify_frame  # noqa: E402
 
 
 def problems(root: Path, levels: list[int]) -> list[tuple[str, str]]:
@@ -68,8 +69,13 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = set(pd.read_csv(args.out)["task_id"]) if args.out.exists() else set()
     todo = [p for p in found if p[0] not in done]
-    settings = {"device": args.device, "mode": "kernelbench", "workers": 2, "timing_trials": args.timing_trials,
-                "build_cache": str(args.out.parent / "kb-refs-cache")}  # fmt: skip
+    settings = {
+        "device": args.device,
+        "mode": "kernelbench",
+        "workers": 2,
+        "timing_trials": args.timing_trials,
+        "build_cache": str(args.out.parent / "kb-refs-cache"),
+    }
     watch = MemoryWatch() if args.device == "cuda" else type("NoWatch", (), {"peak_gb": 0.0})()
     start = time.perf_counter()
     for begin in range(0, len(todo), args.chunk):
@@ -83,22 +89,29 @@ def main() -> None:
         builds = compile_frame(candidates, settings, work, progress=False)
         verdicts = verify_frame(candidates, tasks, settings, work, progress=False, builds=builds)
         verdicts.to_csv(args.out, mode="a", header=not args.out.exists(), index=False)
-        print(f"{begin + len(chunk)}/{len(todo)} problems, {time.perf_counter() - start:.0f} s, peak "
-              f"{watch.peak_gb:.1f} GiB: {verdicts['status'].value_counts().to_dict()}", flush=True)  # fmt: skip
+        print(
+            f"{begin + len(chunk)}/{len(todo)} problems, {time.perf_counter() - start:.0f} s, peak "
+            f"{watch.peak_gb:.1f} GiB: {verdicts['status'].value_counts().to_dict()}",
+            flush=True,
+        )
     watch.running = False
     table = pd.read_csv(args.out)
     memory = table["reason"].fillna("").str.contains("memory")
     degenerate = table[~table["trusted"]]
-    print(f"\nproblems: {len(table)}  correct: {int(table['correct'].sum())}  killed for memory: {int(memory.sum())}  "
-          f"peak device memory: {watch.peak_gb:.1f} GiB")  # fmt: skip
+    print(
+        f"\nproblems: {len(table)}  correct: {int(table['correct'].sum())}  killed for memory: {int(memory.sum())}  "
+        f"peak device memory: {watch.peak_gb:.1f} GiB"
+    )
     print(table["status"].value_counts().to_string())
     for row in table[~table["correct"]].itertuples():
         print(f"not correct: {row.task_id}: {row.status}: {row.reason}")
     print(f"degenerate tasks ({len(degenerate)}):")
     for row in degenerate.itertuples():
         print(f"  {row.task_id}: {row.flags}")
-    print(f"eval seconds per problem: mean {table['eval_s'].mean():.2f}, max {table['eval_s'].max():.1f} "
-          f"({table.loc[table['eval_s'].idxmax(), 'task_id']})")  # fmt: skip
+    print(
+        f"eval seconds per problem: mean {table['eval_s'].mean():.2f}, max {table['eval_s'].max():.1f} "
+        f"({table.loc[table['eval_s'].idxmax(), 'task_id']})"
+    )
 
 
 if __name__ == "__main__":

@@ -68,8 +68,11 @@ class Server:
             def answer(self, status, headers, data):
                 raw = json.dumps(data).encode()
                 self.send_response(status)
-                for key, value in {"Content-Type": "application/json", "Content-Length": str(len(raw)),
-                                   **headers}.items():
+                for key, value in {
+                    "Content-Type": "application/json",
+                    "Content-Length": str(len(raw)),
+                    **headers,
+                }.items():
                     self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(raw)
@@ -104,8 +107,14 @@ def server():
 
 
 def gen_config(server, **extra):
-    return {"backend": "openai", "base_url": server.url, "model": "served", "backoff_s": 0.01,
-            "request_timeout_s": 5, **extra}
+    return {
+        "backend": "openai",
+        "base_url": server.url,
+        "model": "served",
+        "backoff_s": 0.01,
+        "request_timeout_s": 5,
+        **extra,
+    }
 
 
 def shard_tasks(*names, marker=None):
@@ -263,20 +272,28 @@ def test_run_writes_parquet_and_removes_checkpoint(server, tmp_path):
 
 
 def test_eval_generation_resumes_and_cleans_up(server, tmp_path):
-    from concur.evaluate import run_generation
+    from concur.synthesize import run_eval_generation
 
     tasks_path = tmp_path / "eval.parquet"
     shard_tasks("a", "b").to_parquet(tasks_path)
     out = tmp_path / "eval" / "base" / "candidates.parquet"
     settings = {**SETTINGS, "samples": 2}
-    kwargs = dict(tasks_path=tasks_path, adapter_dir=None, model_name="base", generator_name="g",
-                  generator=gen_config(server, max_concurrency=1, max_retries=0), model_specs={}, settings=settings,
-                  language="cuda", out_path=out)
+    kwargs = dict(
+        tasks_path=tasks_path,
+        adapter_dir=None,
+        model_name="base",
+        generator_name="g",
+        generator=gen_config(server, max_concurrency=1, max_retries=0),
+        model_specs={},
+        settings=settings,
+        language="cuda",
+        out_path=out,
+    )
     server.script = [200, 500]
     with pytest.raises(RuntimeError):
-        run_generation(**kwargs)  # the second task's request fails
+        run_eval_generation(**kwargs)  # the second task's request fails
     server.requests.clear()
-    run_generation(**kwargs)
+    run_eval_generation(**kwargs)
     assert len(pd.read_parquet(out)) == 4 and requested_tasks(server) == ["b"]
     assert not checkpoint_path(out).exists()
 
@@ -311,10 +328,17 @@ class FakeVLLM:
                 fake.chats.append((messages, sampling_params, lora_request))
                 if fake.fail_on_call == len(fake.chats):
                     raise RuntimeError("engine died")
-                return [RequestOutput([CompletionOutput(j, f"<think>r{j}</think>code {j}", [1] * (j + 2),
-                                                        "length" if j else "stop")
-                                       for j in reversed(range(sampling_params.n))])
-                        for _ in messages]
+                return [
+                    RequestOutput(
+                        [
+                            CompletionOutput(
+                                j, f"<think>r{j}</think>code {j}", [1] * (j + 2), "length" if j else "stop"
+                            )
+                            for j in reversed(range(sampling_params.n))
+                        ]
+                    )
+                    for _ in messages
+                ]
 
         class SamplingParams:
             def __init__(self, **kwargs):
@@ -357,11 +381,27 @@ def test_vllm_engine_sampling_and_lora(fake_vllm, tmp_path):
     adapter = write_adapter(tmp_path / "concur", 32)
     specs = {"m": {"path": "org/model", "dtype": "bfloat16"}}
     generator = {"backend": "vllm", "model": "m", "max_model_len": 4096}
-    frame = generate_candidates(shard_tasks("a", "b"), "g", generator, specs, {**SETTINGS, "gpus": 2}, "cuda", 3,
-                                adapter=adapter, checkpoint=tmp_path / "ck.jsonl")
-    assert fake_vllm.engine == {"model": "org/model", "tensor_parallel_size": 2, "dtype": "bfloat16", "seed": 7,
-                                "gpu_memory_utilization": 0.9, "max_model_len": 4096, "enable_lora": True,
-                                "max_lora_rank": 32}
+    frame = generate_candidates(
+        shard_tasks("a", "b"),
+        "g",
+        generator,
+        specs,
+        {**SETTINGS, "gpus": 2},
+        "cuda",
+        3,
+        adapter=adapter,
+        checkpoint=tmp_path / "ck.jsonl",
+    )
+    assert fake_vllm.engine == {
+        "model": "org/model",
+        "tensor_parallel_size": 2,
+        "dtype": "bfloat16",
+        "seed": 7,
+        "gpu_memory_utilization": 0.9,
+        "max_model_len": 4096,
+        "enable_lora": True,
+        "max_lora_rank": 32,
+    }
     ((messages, params, lora),) = fake_vllm.chats
     assert params.kwargs == {"n": 3, "temperature": 0.5, "top_p": 0.9, "max_tokens": 32, "seed": 7}
     assert [m[0]["role"] for m in messages] == ["user", "user"] and "# a" in messages[0][0]["content"]
@@ -370,8 +410,11 @@ def test_vllm_engine_sampling_and_lora(fake_vllm, tmp_path):
     first = frame[frame["task_id"] == "t/a"]
     assert list(first["sample_idx"]) == [0, 1, 2] and list(first["reasoning"]) == ["r0", "r1", "r2"]
     assert list(first["answer"]) == ["code 0", "code 1", "code 2"]
-    assert list(first["completion_tokens"]) == [2, 3, 4] and list(first["finish_reason"]) == ["stop", "length",
-                                                                                               "length"]
+    assert list(first["completion_tokens"]) == [2, 3, 4] and list(first["finish_reason"]) == [
+        "stop",
+        "length",
+        "length",
+    ]
 
 
 def test_vllm_without_adapter_and_explicit_tensor_parallel(fake_vllm, tmp_path):
@@ -402,8 +445,9 @@ def test_vllm_checkpoints_per_call_and_resumes(fake_vllm, tmp_path):
 
 def test_replay_resume_keeps_checkpointed_samples(tmp_path):
     path = tmp_path / "gen.jsonl"
-    path.write_text("".join(json.dumps({"task_id": "t/a", "sample_idx": i, "response": f"file {i}"}) + "\n"
-                            for i in range(3)))
+    path.write_text(
+        "".join(json.dumps({"task_id": "t/a", "sample_idx": i, "response": f"file {i}"}) + "\n" for i in range(3))
+    )
     ckpt = tmp_path / "ck.jsonl"
     backend = ReplayBackend(path)
     first = generate_resumable(backend, [Request("t/a", "p")], 2, ckpt, "fp")
@@ -443,13 +487,15 @@ def test_transformers_skips_checkpointed_samples_and_resumes(tmp_path):
     # left: t/1 sample 1, t/2 samples 0 and 1, in one batch; sample 0 for t/2 alone, without the batch's cache
     assert calls == [(["t/2"], 0, None, 1), (["t/1", "t/2"], 1, "cache of 2", 2)]
     assert sorted((g.task_id, g.sample_idx, g.seed) for g in gens) == [
-        (f"t/{i}", j, 7 + j) for i in range(3) for j in range(2)]
+        (f"t/{i}", j, 7 + j) for i in range(3) for j in range(2)
+    ]
 
 
 def test_generator_naming_an_unknown_model_is_one_clear_error(fake_vllm):
     with pytest.raises(ValueError, match=r"vllm generator: model 'nope' is not a `models` entry \(entries: m\)"):
-        generate_candidates(shard_tasks("a"), "g", {"backend": "vllm", "model": "nope"}, {"m": {"path": "x"}},
-                            SETTINGS, "cuda", 1)
+        generate_candidates(
+            shard_tasks("a"), "g", {"backend": "vllm", "model": "nope"}, {"m": {"path": "x"}}, SETTINGS, "cuda", 1
+        )
 
 
 def test_openai_generator_refuses_an_adapter(server, tmp_path):

@@ -1,4 +1,4 @@
-"""concur.pch_cxx: which commands get the shared PCH, one PCH per flag set, and a plain compile when it is unusable.
+"""concur.verify.pch_cxx: which commands get the shared PCH, one PCH per flag set, a plain compile when unusable.
 
 The real torch header takes ~25 s to precompile, so the compile tests use a small stand-in `torch/extension.h`
 (templates included); a clang build through the verifier is covered by tests/test_verify.py.
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from concur import pch_cxx
-from concur.verify import build_cache_key, normalize_settings, resolve_host_compiler
+from concur.verify import normalize_settings, pch_cxx
+from concur.verify.compiling import cache_key as build_cache_key
+from concur.verify.settings import resolve_host_compiler
 
 NINJA_COMPILE = ["-MMD", "-MF", "main.o.d", "-DTORCH_EXTENSION_NAME=ext_7", "-DTORCH_API_INCLUDE_EXTENSION_H",
                  "-isystem", "/opt/torch/include", "-I/opt/extra", "-fPIC", "-std=c++20", "-O3",
@@ -88,6 +89,22 @@ def test_unusable_pch_falls_back_to_a_plain_compile(tmp_path):
     proc = compile_with_front(tmp_path, include, "ext_b", ["-O2"], pch_dir)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "ext_b.o").stat().st_size > 0 and pch.read_bytes() == b"not a precompiled header"
+
+
+@needs_clang
+def test_a_build_that_may_not_write_the_shared_folder_compiles_without_a_pch(tmp_path):
+    """A sandboxed candidate build reads the shared PCHs but cannot add one: it compiles the unit as it is."""
+    include, pch_dir = fake_torch(tmp_path), tmp_path / "pch"
+    pch_dir.mkdir()
+    pch_dir.chmod(0o500)
+    try:
+        if os.access(pch_dir, os.W_OK):
+            pytest.skip("running as root: a read-only folder is still writable")
+        proc = compile_with_front(tmp_path, include, "ext_a", ["-O2"], pch_dir)
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "ext_a.o").stat().st_size > 0 and not list(pch_dir.iterdir())
+    finally:
+        pch_dir.chmod(0o700)
 
 
 @needs_clang

@@ -10,24 +10,49 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
-from concur.verify import compile_frame, verify_frame
 from verify_cuda_solutions import solution
 from verify_frames import candidates_frame, tasks_frame
+
+from concur.verify import compile_frame, verify_frame
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TASK_DIR = Path(__file__).parent / "fixtures" / "verify_cuda"
 TASKS = {"relu_add": "task_relu_add.py", "gemm_bias_relu": "task_gemm_bias_relu.py", "triu": "task_triu_matmul.py"}
-RELU_ADD = ["fast", "slow", "wrong", "compile_error", "illegal_access", "hang", "side_stream", "ghost", "alias",
-            "deferred", "memo_pointer", "tamper"]  # fmt: skip
+RELU_ADD = [
+    "fast",
+    "slow",
+    "wrong",
+    "compile_error",
+    "illegal_access",
+    "hang",
+    "side_stream",
+    "ghost",
+    "alias",
+    "deferred",
+    "memo_pointer",
+    "tamper",
+]
 # what both modes verify (the rest are hardened-mode attacks)
-BOTH = ["fast", "slow", "wrong", "compile_error", "illegal_access", "side_stream", "ghost", "alias", "gemm_bias_relu",
-        "triangular"]  # fmt: skip
-OTHER = [("gemm_bias_relu", "gemm_bias_relu"), ("tf32_flag", "gemm_bias_relu"), ("fp16_gemm", "gemm_bias_relu"),
-         ("triangular", "triu")]  # fmt: skip
-SETTINGS = {"device": "cuda", "timeout_s": 300, "workers": 4, "correctness_trials": 5, "warmup": 3,
-            "timing_trials": 50}  # fmt: skip
+BOTH = [
+    "fast",
+    "slow",
+    "wrong",
+    "compile_error",
+    "illegal_access",
+    "side_stream",
+    "ghost",
+    "alias",
+    "gemm_bias_relu",
+    "triangular",
+]
+OTHER = [
+    ("gemm_bias_relu", "gemm_bias_relu"),
+    ("tf32_flag", "gemm_bias_relu"),
+    ("fp16_gemm", "gemm_bias_relu"),
+    ("triangular", "triu"),
+]
+SETTINGS = {"device": "cuda", "timeout_s": 300, "workers": 4, "correctness_trials": 5, "warmup": 3, "timing_trials": 50}
 
 
 def tasks() -> pd.DataFrame:
@@ -41,18 +66,26 @@ def cache(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def verdicts(cache, tmp_path_factory):
-    candidates = candidates_frame([(v, "relu_add", solution(v)) for v in RELU_ADD] +
-                                  [(v, t, solution(v)) for v, t in OTHER])  # fmt: skip
+    candidates = candidates_frame(
+        [(v, "relu_add", solution(v)) for v in RELU_ADD] + [(v, t, solution(v)) for v, t in OTHER]
+    )
     settings = {**SETTINGS, "build_cache": cache}
     builds = compile_frame(candidates, {**settings, "mode": "kernelbench"}, tmp_path_factory.mktemp("c"), False)
     out = {"builds": builds.set_index("candidate_id")}
     for mode, chosen in (("kernelbench", candidates["candidate_id"].isin(BOTH)), ("hardened", slice(None))):
-        table = verify_frame(candidates[chosen], tasks(), {**settings, "mode": mode}, tmp_path_factory.mktemp(mode),
-                             False, builds=builds)  # fmt: skip
+        table = verify_frame(
+            candidates[chosen], tasks(), {**settings, "mode": mode}, tmp_path_factory.mktemp(mode), False, builds=builds
+        )
         out[mode] = table.set_index("candidate_id")
     loose = candidates[candidates["candidate_id"].isin(["fp16_gemm", "tf32_flag"])]
-    out["loose"] = verify_frame(loose, tasks(), {**settings, "mode": "hardened", "atol": 1e-2, "rtol": 1e-2},
-                                tmp_path_factory.mktemp("loose"), False, builds=builds).set_index("candidate_id")  # fmt: skip
+    out["loose"] = verify_frame(
+        loose,
+        tasks(),
+        {**settings, "mode": "hardened", "atol": 1e-2, "rtol": 1e-2},
+        tmp_path_factory.mktemp("loose"),
+        False,
+        builds=builds,
+    ).set_index("candidate_id")
     report = os.environ.get("CONCUR_GPU_REPORT")
     if report:
         for name, table in out.items():
@@ -88,7 +121,9 @@ def test_wrong_and_faulty_candidates(verdicts):
         assert table.loc["wrong", "status"] == "incorrect"
         assert table.loc["compile_error", "status"] == "compile_error"
         assert table.loc["illegal_access", "status"] == "runtime_error"
-        assert "CUDA error" in table.loc["illegal_access", "reason"] or "crashed" in table.loc["illegal_access", "reason"]
+        assert (
+            "CUDA error" in table.loc["illegal_access", "reason"] or "crashed" in table.loc["illegal_access", "reason"]
+        )
         assert not table.loc["illegal_access", "reason"].startswith("reference:")
     hang = verdicts["hardened"].loc["hang"]
     assert hang.status == "timeout" and hang.eval_s < 60  # a hang costs its call's deadline, not timeout_s
@@ -136,8 +171,11 @@ def test_faults_change_no_other_verdict(cache, tmp_path):
     """One hang, one illegal address and six honest candidates on one GPU, eight contestants kept ready."""
     rows = [("hang", "relu_add", solution("hang")), ("illegal", "relu_add", solution("illegal_access"))]
     rows += [(f"fast-{i}", "relu_add", solution("fast")) for i in range(3)]
-    rows += [("slow", "relu_add", solution("slow")), ("gemm", "gemm_bias_relu", solution("gemm_bias_relu")),
-             ("triangular", "triu", solution("triangular"))]  # fmt: skip
+    rows += [
+        ("slow", "relu_add", solution("slow")),
+        ("gemm", "gemm_bias_relu", solution("gemm_bias_relu")),
+        ("triangular", "triu", solution("triangular")),
+    ]
     settings = {**SETTINGS, "mode": "hardened", "workers": 8, "build_cache": cache}
     table = verify_frame(candidates_frame(rows), tasks(), settings, tmp_path, False).set_index("candidate_id")
     assert table.loc["hang", "status"] == "timeout" and table.loc["illegal", "status"] == "runtime_error"

@@ -47,28 +47,36 @@ VARIANTS = {
     "stale_output": {"HOST": "/* no launch */"},
     # repeats its work 20 times on a private stream the caller never waits for: a timer that records events on
     # the current stream only sees the launch
-    "side_stream": {"HOST": """cudaStream_t side;
+    "side_stream": {
+        "HOST": """cudaStream_t side;
     cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
     for (int r = 0; r < 20; ++r) {
         relu_add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, side>>>(x.data_ptr<float>(), y.data_ptr<float>(),
                                                                        out.data_ptr<float>(), (float)scale, n);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();"""},
+    C10_CUDA_KERNEL_LAUNCH_CHECK();"""
+    },
     # the extension only calls ATen: its own kernel never runs
     "aten_wrapper": {"HOST": "out = at::relu(x + y) * scale;"},
     # launches its own no-op kernel while ATen does the work
-    "ghost": {"HOST": """out = at::relu(x + y) * scale;
+    "ghost": {
+        "HOST": """out = at::relu(x + y) * scale;
     relu_add_kernel<<<1, 1>>>(x.data_ptr<float>(), y.data_ptr<float>(), out.data_ptr<float>(), 1.f, 0);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();"""},
+    C10_CUDA_KERNEL_LAUNCH_CHECK();"""
+    },
     # the same, its no-op kernel named like ATen's elementwise kernel
-    "alias": {"PRELUDE": """namespace at { namespace native {
+    "alias": {
+        "PRELUDE": """namespace at { namespace native {
 __global__ void vectorized_elementwise_kernel(float* out, int64_t n) { if (n < 0) out[0] = 0.f; }
-} }""", "HOST": """out = at::relu(x + y) * scale;
+} }""",
+        "HOST": """out = at::relu(x + y) * scale;
     at::native::vectorized_elementwise_kernel<<<1, 1>>>(out.data_ptr<float>(), 0);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();"""},
+    C10_CUDA_KERNEL_LAUNCH_CHECK();""",
+    },
     # answers before its work is done: 20 launches on a private stream, which the current stream waits for only when
     # the output is copied; the harness's device-wide synchronisation is made a no-op (NO_SYNC below)
-    "deferred": {"HOST": """cudaStream_t side;
+    "deferred": {
+        "HOST": """cudaStream_t side;
     cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
     for (int r = 0; r < 20; ++r) {
         relu_add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, side>>>(x.data_ptr<float>(), y.data_ptr<float>(),
@@ -78,7 +86,8 @@ __global__ void vectorized_elementwise_kernel(float* out, int64_t n) { if (n < 0
     cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
     cudaEventRecord(done, side);
     cudaStreamWaitEvent(at::cuda::getCurrentCUDAStream(), done, 0);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();"""},
+    C10_CUDA_KERNEL_LAUNCH_CHECK();"""
+    },
     # caches its output by the input's address (MEMO below): the timed calls reuse addresses with new values
     "memo_pointer": {},
 }
@@ -230,5 +239,9 @@ FP16_GEMM = GEMM_BIAS_RELU.replace("{tag}", "_fp16{tag}").replace(
     "h = torch.matmul(x, self.linear.weight.t())",
     "h = torch.matmul(x.half(), self.linear.weight.t().half()).float()",
 )
-OTHER_TASKS = {"gemm_bias_relu": GEMM_BIAS_RELU, "triangular": TRIANGULAR, "tf32_flag": TF32_FLAG,
-               "fp16_gemm": FP16_GEMM}  # fmt: skip
+OTHER_TASKS = {
+    "gemm_bias_relu": GEMM_BIAS_RELU,
+    "triangular": TRIANGULAR,
+    "tf32_flag": TF32_FLAG,
+    "fp16_gemm": FP16_GEMM,
+}

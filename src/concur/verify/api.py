@@ -12,14 +12,26 @@ import pandas as pd
 
 from concur import contracts
 from concur.io import write_parquet, write_text
-from concur.verify import checks, compiling, orchestrate, settings as verify_settings
+from concur.verify import checks, compiling, orchestrate
+from concur.verify import settings as verify_settings
 from concur.verify.orchestrate import Job, blank_verdict, cache_root_of, device_label, pre_verdict
 
 log = logging.getLogger("concur.verify")
 VERDICT_FIELDS = [c for c in contracts.VERDICTS if c not in ("candidate_id", "task_id")]
 FACTS_SINK = None  # when set, called with (candidate_id, facts) for every referee report (benchmarks read them)
-JOB_SETTINGS = ("mode", "correctness_trials", "signed_trials", "warmup", "timing_trials", "timing_min_s", "atol",
-                "rtol", "timeout_s", "memory_limit_mb", "max_processes")  # fmt: skip
+JOB_SETTINGS = (
+    "mode",
+    "correctness_trials",
+    "signed_trials",
+    "warmup",
+    "timing_trials",
+    "timing_min_s",
+    "atol",
+    "rtol",
+    "timeout_s",
+    "memory_limit_mb",
+    "max_processes",
+)
 
 
 def normalize_settings(settings: dict | None, for_compile: bool = False) -> dict:
@@ -31,13 +43,21 @@ def compile_frame(candidates: pd.DataFrame, settings: dict, workdir: Path, progr
     settings = normalize_settings(settings, for_compile=True)
     jobs = [Job(i, str(r.candidate_id), str(r.task_id), "", _code(r)) for i, r in enumerate(candidates.itertuples())]
     rows = orchestrate.run_builds(jobs, settings, Path(workdir), progress)
-    frame = pd.DataFrame([{"candidate_id": j.candidate_id, "task_id": j.task_id, **b} for j, b in zip(jobs, rows)],
-                         columns=list(contracts.BUILDS))  # fmt: skip
+    frame = pd.DataFrame(
+        [{"candidate_id": j.candidate_id, "task_id": j.task_id, **b} for j, b in zip(jobs, rows)],
+        columns=list(contracts.BUILDS),
+    )
     return contracts.conform(frame, contracts.BUILDS, "builds")
 
 
-def verify_frame(candidates: pd.DataFrame, tasks: pd.DataFrame, settings: dict, workdir: Path, progress: bool = True,
-                 builds: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
+def verify_frame(
+    candidates: pd.DataFrame,
+    tasks: pd.DataFrame,
+    settings: dict,
+    workdir: Path,
+    progress: bool = True,
+    builds: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """One verdict per candidate, in input order (contracts.VERDICTS). With `builds`, candidates whose build already
     decided the verdict (no code, rejected, compile error, timeout) are not run again."""
     settings = normalize_settings(settings)
@@ -47,8 +67,16 @@ def verify_frame(candidates: pd.DataFrame, tasks: pd.DataFrame, settings: dict, 
     for index, row in enumerate(candidates.itertuples(index=False)):
         if row.task_id not in references:
             raise ValueError(f"candidate {row.candidate_id}: task {row.task_id!r} is not in the tasks frame")
-        jobs.append(Job(index, str(row.candidate_id), str(row.task_id), references[row.task_id], _code(row),
-                        build_rows.get(str(row.candidate_id))))  # fmt: skip
+        jobs.append(
+            Job(
+                index,
+                str(row.candidate_id),
+                str(row.task_id),
+                references[row.task_id],
+                _code(row),
+                build_rows.get(str(row.candidate_id)),
+            )
+        )
     verdicts, degenerate = run_jobs(jobs, settings, Path(workdir), progress)
     rows = []
     for job, verdict in zip(jobs, verdicts):
@@ -61,8 +89,9 @@ def verify_one(reference_code: str, solution_code: str, settings: dict, workdir:
     """The verdict for one solution against one reference program (VERDICTS keys minus the ids), with the task's
     `degenerate` flag: the trivial outputs (zeros, identity, constant, other inputs' output) that pass its check."""
     settings = normalize_settings(settings)
-    verdicts, degenerate = run_jobs([Job(0, "one", "one", reference_code, solution_code or "")], settings,
-                                    Path(workdir), False)  # fmt: skip
+    verdicts, degenerate = run_jobs(
+        [Job(0, "one", "one", reference_code, solution_code or "")], settings, Path(workdir), False
+    )
     kinds = degenerate.get("one", [])
     if not kinds and verdicts[0]["status"] in ("no_code", "rejected", "compile_error"):
         kinds = probe_tasks({"one": reference_code}, settings, Path(workdir)).get("one", [])
@@ -78,14 +107,23 @@ def probe_tasks(references: dict[str, str], settings: dict, workdir: Path) -> di
     cache.mkdir(parents=True, exist_ok=True)
     found, payloads = {}, []
     for task_id, code in sorted(references.items()):
-        key = hashlib.sha256(json.dumps([code, [settings[k] for k in ("device", "mode", "correctness_trials", "atol",
-                                                                        "rtol")]]).encode()).hexdigest()[:32]  # fmt: skip
+        key = hashlib.sha256(
+            json.dumps([code, [settings[k] for k in ("device", "mode", "correctness_trials", "atol", "rtol")]]).encode()
+        ).hexdigest()[:32]
         cached = cache / f"{key}.json"
         if cached.exists():
             found[task_id] = json.loads(cached.read_text())
         else:
-            payloads.append({"candidate_id": task_id, "task_id": task_id, "reference": code, "solution": "",
-                             "settings": job_settings(settings), "key": str(cached)})  # fmt: skip
+            payloads.append(
+                {
+                    "candidate_id": task_id,
+                    "task_id": task_id,
+                    "reference": code,
+                    "solution": "",
+                    "settings": job_settings(settings),
+                    "key": str(cached),
+                }
+            )
 
     def done(payload: dict, facts: dict) -> None:
         kinds = facts.get("degenerate")
@@ -138,9 +176,15 @@ def run_jobs(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -> 
     verdicts: list[dict | None] = [None] * len(jobs)
     unbuilt = [j for j in jobs if j.build is None and pre_verdict(j, settings) is None]
     if unbuilt:  # builds always happen before a referee sees the candidate
-        for job, row in zip(unbuilt, orchestrate.run_builds([Job(i, j.candidate_id, j.task_id, "", j.solution)
-                                                            for i, j in enumerate(unbuilt)], settings, workdir,
-                                                           progress)):  # fmt: skip
+        for job, row in zip(
+            unbuilt,
+            orchestrate.run_builds(
+                [Job(i, j.candidate_id, j.task_id, "", j.solution) for i, j in enumerate(unbuilt)],
+                settings,
+                workdir,
+                progress,
+            ),
+        ):
             job.build = row
     to_run = []
     for job in jobs:
@@ -175,9 +219,15 @@ def run_jobs(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -> 
 def payload(job: Job, settings: dict, cache_root: Path, library: set[str]) -> dict:
     kernels = (job.build or {}).get("kernels") or ""
     own = None if not kernels else sorted(set(json.loads(kernels)) - library)
-    return {"candidate_id": job.candidate_id, "task_id": job.task_id, "reference": job.reference,
-            "solution": job.solution, "build_dir": str(cache_root / job.build["cache_key"]), "kernels": own,
-            "settings": job_settings(settings)}  # fmt: skip
+    return {
+        "candidate_id": job.candidate_id,
+        "task_id": job.task_id,
+        "reference": job.reference,
+        "solution": job.solution,
+        "build_dir": str(cache_root / job.build["cache_key"]),
+        "kernels": own,
+        "settings": job_settings(settings),
+    }
 
 
 def decide(facts: dict, job: Job, settings: dict, label: str) -> dict:
@@ -186,14 +236,25 @@ def decide(facts: dict, job: Job, settings: dict, label: str) -> dict:
     status, reason = checks.judge(facts, settings["mode"])
     load = facts.get("load") or {}
     errors = [t["max_abs_err"] for t in facts.get("trials", []) if t.get("max_abs_err") is not None]
-    verdict.update(status=status, reason=reason, correct=status == "correct", compiled=bool(load.get("ok")),
-                   compile_s=float((job.build or {}).get("compile_s") or 0.0), eval_s=float(facts.get("gpu_s") or 0.0),
-                   max_abs_err=float(max(errors)) if errors else math.nan)  # fmt: skip
+    verdict.update(
+        status=status,
+        reason=reason,
+        correct=status == "correct",
+        compiled=bool(load.get("ok")),
+        compile_s=float((job.build or {}).get("compile_s") or 0.0),
+        eval_s=float(facts.get("gpu_s") or 0.0),
+        max_abs_err=float(max(errors)) if errors else math.nan,
+    )
     if status == "correct":
         ref, new = facts["timing"]["ref"], facts["timing"]["new"]
         stat = "median_ms" if settings["mode"] == "hardened" else "mean_ms"
-        verdict.update(ref_ms=ref["mean_ms"], new_ms=new["mean_ms"], ref_median_ms=ref["median_ms"],
-                       new_median_ms=new["median_ms"], speedup=ref[stat] / new[stat] if new[stat] > 0 else math.inf)  # fmt: skip
+        verdict.update(
+            ref_ms=ref["mean_ms"],
+            new_ms=new["mean_ms"],
+            ref_median_ms=ref["median_ms"],
+            new_median_ms=new["median_ms"],
+            speedup=ref[stat] / new[stat] if new[stat] > 0 else math.inf,
+        )
         verdict["flags"] = ",".join(checks.flags(facts, verdict, settings, job.solution))
     elif settings["mode"] == "hardened" and facts.get("sandbox") == "none":
         verdict["flags"] = "sandbox:none"

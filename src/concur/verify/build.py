@@ -105,7 +105,9 @@ class ExtensionLoader:
 
     def _counting(self, module):
         """The module with each exported function counting its calls (ops registered with torch are left alone)."""
-        functions = {n: f for n, f in vars(module).items() if isinstance(f, types.BuiltinFunctionType) and n[:2] != "__"}
+        functions = {
+            n: f for n, f in vars(module).items() if isinstance(f, types.BuiltinFunctionType) and n[:2] != "__"
+        }
         if not isinstance(module, types.ModuleType) or not functions:
             return module
         proxy = types.ModuleType(module.__name__)
@@ -167,8 +169,9 @@ def build_child(channel, spec: dict, sandbox: str) -> int:
     except BaseException as err:  # SystemExit included: the candidate must not end the run
         facts["error"] = describe(err)
         traceback.print_exc()
-    facts.update(seconds=time.perf_counter() - start, load_calls=loader.calls, built=loader.built,
-                 build_error=loader.error)  # fmt: skip
+    facts.update(
+        seconds=time.perf_counter() - start, load_calls=loader.calls, built=loader.built, build_error=loader.error
+    )
     channel.send(facts)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -11,20 +11,69 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 KERNELBENCH_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}  # KernelBench, after torchbench
 REDUCED_FACTOR, REDUCED_FLOOR = 32.0, 1e-5  # precision: error over 32x the reference's own, and over 1e-5
 # operators that move or allocate but compute nothing: a candidate may share these with the reference (CPU rule)
 NON_COMPUTE_OPS = {
-    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "view",
-    "reshape", "_reshape_alias", "_unsafe_view", "as_strided", "contiguous", "clone", "copy_", "to", "_to_copy",
-    "detach", "t", "transpose", "permute", "expand", "select", "slice", "unsqueeze", "squeeze", "flatten", "narrow",
-    "split", "chunk", "unbind", "resize_", "lift_fresh", "alias", "fill_", "zero_", "item", "_local_scalar_dense",
-    "result_type", "set_", "is_nonzero", "numpy_T", "expand_as", "view_as", "reshape_as", "split_with_sizes",
-    "unflatten", "movedim", "_has_compatible_shallow_copy_type", "dim", "size", "stride", "is_same_size",
-}  # fmt: skip
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "zeros",
+    "zeros_like",
+    "ones",
+    "ones_like",
+    "full",
+    "full_like",
+    "view",
+    "reshape",
+    "_reshape_alias",
+    "_unsafe_view",
+    "as_strided",
+    "contiguous",
+    "clone",
+    "copy_",
+    "to",
+    "_to_copy",
+    "detach",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "select",
+    "slice",
+    "unsqueeze",
+    "squeeze",
+    "flatten",
+    "narrow",
+    "split",
+    "chunk",
+    "unbind",
+    "resize_",
+    "lift_fresh",
+    "alias",
+    "fill_",
+    "zero_",
+    "item",
+    "_local_scalar_dense",
+    "result_type",
+    "set_",
+    "is_nonzero",
+    "numpy_T",
+    "expand_as",
+    "view_as",
+    "reshape_as",
+    "split_with_sizes",
+    "unflatten",
+    "movedim",
+    "_has_compatible_shallow_copy_type",
+    "dim",
+    "size",
+    "stride",
+    "is_same_size",
+}
 
 
 # ---------------------------------------------------------------- comparisons
@@ -142,7 +191,9 @@ def structure(metas: list[dict], reference: list[dict]) -> str | None:
 
 
 def passes(facts: dict) -> bool:
-    return all(facts.get(k, False) for k in ("ok_shape", "ok_dtype", "ok_finite", "allclose")) and not facts.get("error")
+    return all(facts.get(k, False) for k in ("ok_shape", "ok_dtype", "ok_finite", "allclose")) and not facts.get(
+        "error"
+    )
 
 
 def degenerate_kinds(ref: list, inputs: list, previous: list | None, settings: dict) -> set[str]:
@@ -155,8 +206,10 @@ def degenerate_kinds(ref: list, inputs: list, previous: list | None, settings: d
         return set()
     flat = [r.reshape(-1) for r in ref]
     means = [_mean64(f) for f in flat]
-    guesses = {"zeros": lambda i, at: torch.zeros_like(flat[i][at]),
-               "constant": lambda i, at: torch.full_like(flat[i][at], means[i])}  # fmt: skip
+    guesses = {
+        "zeros": lambda i, at: torch.zeros_like(flat[i][at]),
+        "constant": lambda i, at: torch.full_like(flat[i][at], means[i]),
+    }
     same = [x for x in inputs if isinstance(x, torch.Tensor) and len(ref) == 1 and x.shape == ref[0].shape]
     if same:
         source = same[0].reshape(-1)
@@ -266,8 +319,10 @@ def _output_type(facts: dict) -> str | None:
 
 
 def _mutation(facts: dict) -> str | None:
-    mutated = sorted({i for t in facts.get("trials", []) for i in t.get("mutated", [])}
-                     | set((facts.get("timed") or {}).get("mutated", [])))  # fmt: skip
+    mutated = sorted(
+        {i for t in facts.get("trials", []) for i in t.get("mutated", [])}
+        | set((facts.get("timed") or {}).get("mutated", []))
+    )
     return f"check:input_mutation: ModelNew changed input(s) {mutated}" if mutated else None
 
 
@@ -393,8 +448,11 @@ def judge(facts: dict, mode: str) -> tuple[str, str]:
 # ---------------------------------------------------------------- flags
 
 
-PRECISION_NAMES = (("bf16", r"(?i)bfloat16|\bbf16\b"), ("fp16", r"(?i)\bhalf\b|float16|\bfp16\b|__half\b|::Half\b"),
-                   ("tf32", r"(?i)tf32"))  # fmt: skip
+PRECISION_NAMES = (
+    ("bf16", r"(?i)bfloat16|\bbf16\b"),
+    ("fp16", r"(?i)\bhalf\b|(?<![a-z])float16|\bfp16\b|__half\b|::half\b"),
+    ("tf32", r"(?i)tf32"),
+)
 
 
 def precision_flag(facts: dict, source: str) -> str | None:
@@ -402,8 +460,9 @@ def precision_flag(facts: dict, source: str) -> str | None:
     reference's own: named after the lower-precision type its source uses, else `reduced`."""
     precision = facts.get("precision") or {}
     e_ref, e_new = precision.get("e_ref", math.nan), precision.get("e_new", math.nan)
-    if not (math.isfinite(e_new) and e_new > max(REDUCED_FACTOR * (e_ref if math.isfinite(e_ref) else 0.0),
-                                                 REDUCED_FLOOR)):  # fmt: skip
+    if not (
+        math.isfinite(e_new) and e_new > max(REDUCED_FACTOR * (e_ref if math.isfinite(e_ref) else 0.0), REDUCED_FLOOR)
+    ):
         return None
     changed = " ".join((facts.get("state") or {}).get("backend_changed") or [])
     names = [name for name, pattern in PRECISION_NAMES if re.search(pattern, source + " " + changed)]

@@ -41,8 +41,13 @@ def cache_key(solution: str, settings: dict) -> str:
     """sha256 of everything that changes the built extension: code, torch/python versions, build env, device kind."""
     import torch
 
-    parts = [solution, torch.__version__, sys.version, json.dumps(build_env(settings), sort_keys=True),
-             settings["device"]]  # fmt: skip
+    parts = [
+        solution,
+        torch.__version__,
+        sys.version,
+        json.dumps(build_env(settings), sort_keys=True),
+        settings["device"],
+    ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
@@ -52,12 +57,22 @@ def builder_env(settings: dict, entry: Path, scratch: Path, threads: int) -> dic
     env = {k: os.environ[k] for k in PASSED_ENV + BUILD_ENV_KEYS if os.environ.get(k)}
     env.update({k: v for k, v in build_env(settings).items() if v and k != "CXX"})
     tmp = scratch / "tmp"
-    env.update(TORCH_EXTENSIONS_DIR=str(entry), MAX_JOBS=str(threads), OMP_NUM_THREADS=str(threads), HOME=str(tmp),
-               TMPDIR=str(tmp), PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="")  # fmt: skip
+    env.update(
+        TORCH_EXTENSIONS_DIR=str(entry),
+        MAX_JOBS=str(threads),
+        OMP_NUM_THREADS=str(threads),
+        HOME=str(tmp),
+        TMPDIR=str(tmp),
+        PYTHONDONTWRITEBYTECODE="1",
+        CUDA_VISIBLE_DEVICES="",
+    )
     if settings.get("host_compiler") == "clang":
         pch_dir = entry.parent / "pch"
-        env.update(CXX=str(pch_front(pch_dir)), CONCUR_PCH_DIR=str(pch_dir),
-                   CONCUR_REAL_CXX=shutil.which("clang++") or "clang++")  # fmt: skip
+        env.update(
+            CXX=str(pch_front(pch_dir)),
+            CONCUR_PCH_DIR=str(pch_dir),
+            CONCUR_REAL_CXX=shutil.which("clang++") or "clang++",
+        )
     return env
 
 
@@ -74,8 +89,15 @@ def pch_front(pch_dir: Path) -> Path:
     return shim
 
 
-def build(zygote: procs.Zygote, solution: str, settings: dict, cache_root: Path, scratch: Path, threads: int,
-          trusted: bool = False) -> dict:  # fmt: skip
+def build(
+    zygote: procs.Zygote,
+    solution: str,
+    settings: dict,
+    cache_root: Path,
+    scratch: Path,
+    threads: int,
+    trusted: bool = False,
+) -> dict:
     """Run one program in a builder child; returns its build row (docs/data.md §4a) and the kernels it compiled."""
     key = cache_key(solution, settings)
     entry = cache_root / key
@@ -83,11 +105,25 @@ def build(zygote: procs.Zygote, solution: str, settings: dict, cache_root: Path,
     scratch.mkdir(parents=True, exist_ok=True)
     (scratch / "tmp").mkdir(exist_ok=True)
     (scratch / "solution.py").write_text(solution)
-    box = None if trusted else {"write": [str(entry), str(scratch)], "read": [str(cache_root)],
-                                "hidden": [str(cache_root), str(scratch.parent)], "devices": False}  # fmt: skip
-    spec = {"role": "trusted" if trusted else "builder", "cwd": str(scratch), "program": str(scratch / "solution.py"),
-            "env": builder_env(settings, entry, scratch, threads), "log": str(scratch / "build.log"),
-            "threads": threads, "sandbox": box}  # fmt: skip
+    box = (
+        None
+        if trusted
+        else {
+            "write": [str(entry), str(scratch)],
+            "read": [str(cache_root)],
+            "hidden": [str(cache_root), str(scratch.parent)],
+            "devices": False,
+        }
+    )
+    spec = {
+        "role": "trusted" if trusted else "builder",
+        "cwd": str(scratch),
+        "program": str(scratch / "solution.py"),
+        "env": builder_env(settings, entry, scratch, threads),
+        "log": str(scratch / "build.log"),
+        "threads": threads,
+        "sandbox": box,
+    }
     with open(cache_root / f"{key}.lock", "a") as lock:
         import fcntl
 
@@ -96,16 +132,23 @@ def build(zygote: procs.Zygote, solution: str, settings: dict, cache_root: Path,
             baton.unlink(missing_ok=True)
         pid, channel = zygote.spawn(spec)
         try:
-            facts = procs.await_reply(channel, zygote, pid, float(settings["timeout_s"]),
-                                      int(settings["memory_limit_mb"]) * 1024, int(settings["max_processes"]))  # fmt: skip
+            facts = procs.await_reply(
+                channel,
+                zygote,
+                pid,
+                float(settings["timeout_s"]),
+                int(settings["memory_limit_mb"]) * 1024,
+                int(settings["max_processes"]),
+            )
         except procs.Stopped as err:
             return stopped_row(err, settings, key)
         finally:
             zygote.end(pid)
             channel.close()
     row = classify(facts, key)
-    row["kernels"] = json.dumps(kernel_names(entry)) if settings["device"] == "cuda" and row["status"] in (
-        "built", "cached") else ""  # fmt: skip
+    row["kernels"] = (
+        json.dumps(kernel_names(entry)) if settings["device"] == "cuda" and row["status"] in ("built", "cached") else ""
+    )
     return row
 
 
@@ -216,10 +259,10 @@ def flag_sets(solutions: list[str]) -> set[tuple[tuple[str, ...], bool]]:
     return found
 
 
-WARM_PROGRAM = '''from torch.utils.cpp_extension import load_inline
+WARM_PROGRAM = """from torch.utils.cpp_extension import load_inline
 load_inline(name={name!r}, cpp_sources="int concur_warm() {{ return 0; }}"{cuda}, functions=["concur_warm"],
             extra_cflags={flags!r})
-'''
+"""
 
 
 def warm_programs(solutions: list[str], settings: dict) -> list[str]:
@@ -227,10 +270,15 @@ def warm_programs(solutions: list[str], settings: dict) -> list[str]:
     if settings.get("host_compiler") != "clang":
         return []
     programs = []
-    for i, (flags, cuda) in enumerate(sorted(flag_sets(solutions))):
+    for flags, cuda in sorted(flag_sets(solutions)):
         if cuda and settings["device"] != "cuda":
             continue
         cuda_arg = ', cuda_sources="__global__ void concur_warm_k() {}"' if cuda else ""
-        programs.append(WARM_PROGRAM.format(name=f"concur_warm_{hashlib.sha256(repr((flags, cuda)).encode()).hexdigest()[:12]}",
-                                            cuda=cuda_arg, flags=list(flags)))  # fmt: skip
+        programs.append(
+            WARM_PROGRAM.format(
+                name=f"concur_warm_{hashlib.sha256(repr((flags, cuda)).encode()).hexdigest()[:12]}",
+                cuda=cuda_arg,
+                flags=list(flags),
+            )
+        )
     return programs

@@ -50,10 +50,14 @@ def guarded() -> dict:
     """Functions the harness relies on, captured before the program runs."""
     import torch
 
-    owners = {"torch.cuda.synchronize": (torch.cuda, "synchronize"), "torch.Tensor.copy_": (torch.Tensor, "copy_"),
-              "torch.nn.Module.__call__": (torch.nn.Module, "__call__"), "torch.profiler.profile":
-              (torch.profiler, "profile"), "torch.cuda.Event": (torch.cuda, "Event"),
-              "torch.Tensor.as_strided": (torch.Tensor, "as_strided")}  # fmt: skip
+    owners = {
+        "torch.cuda.synchronize": (torch.cuda, "synchronize"),
+        "torch.Tensor.copy_": (torch.Tensor, "copy_"),
+        "torch.nn.Module.__call__": (torch.nn.Module, "__call__"),
+        "torch.profiler.profile": (torch.profiler, "profile"),
+        "torch.cuda.Event": (torch.cuda, "Event"),
+        "torch.Tensor.as_strided": (torch.Tensor, "as_strided"),
+    }
     return {name: (owner, attr, getattr(owner, attr)) for name, (owner, attr) in owners.items()}
 
 
@@ -115,7 +119,12 @@ class Contestant:
             traceback.print_exc()
             return {**facts, "ok": True, "error": f"{msg['class_name']}(*init): {describe(err)}"}
         self.model = model
-        return {**facts, "ok": True, "init_s": time.perf_counter() - start, "counted_modules": self.loader.counted_modules}
+        return {
+            **facts,
+            "ok": True,
+            "init_s": time.perf_counter() - start,
+            "counted_modules": self.loader.counted_modules,
+        }
 
     def arena(self, msg: dict, fds: list[int]) -> dict:
         old = self.arenas.pop(msg["slot"], None)
@@ -227,7 +236,7 @@ class Contestant:
         names: dict[str, int] = {}
         for event in prof.events():
             on_device = getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
-            if (on_device if cuda else event.name.startswith("aten::")):
+            if on_device if cuda else event.name.startswith("aten::"):
                 names[event.name] = names.get(event.name, 0) + 1
         return {"ok": True, "names": names}
 
@@ -276,8 +285,13 @@ def leaf_meta(leaf) -> dict:
     import torch
 
     if isinstance(leaf, torch.Tensor):
-        return {"t": "tensor", "dtype": str(leaf.dtype), "shape": list(leaf.shape), "device": leaf.device.type,
-                "plain": type(leaf) is torch.Tensor or type(leaf) is torch.nn.Parameter}  # fmt: skip
+        return {
+            "t": "tensor",
+            "dtype": str(leaf.dtype),
+            "shape": list(leaf.shape),
+            "device": leaf.device.type,
+            "plain": type(leaf) is torch.Tensor or type(leaf) is torch.nn.Parameter,
+        }
     try:
         return exchange.value_spec(leaf)
     except TypeError as err:
@@ -293,7 +307,9 @@ def serve(channel, spec: dict, sandbox: str) -> int:
 
     try:
         contestant = Contestant(spec, sandbox)
-        channel.send({"ok": True, "ready": True, "sandbox": sandbox, "pid": os.getpid(), "startup_s": contestant.startup_s})
+        channel.send(
+            {"ok": True, "ready": True, "sandbox": sandbox, "pid": os.getpid(), "startup_s": contestant.startup_s}
+        )
     except BaseException as err:
         channel.send({"ok": False, "error": describe(err)})
         os._exit(1)

@@ -14,8 +14,21 @@ import secrets
 import time
 
 from concur.verify import checks, exchange, measure
-from concur.verify.reference import (FP64_MAX_BYTES, LOAD_FLOOR_S, SEED, CallFailed, ReferenceFailed, call_timeout, limit,
-                                     load_message, mutated, ref_ask, ref_handoff, reference_side, task_for)  # fmt: skip
+from concur.verify.reference import (
+    FP64_MAX_BYTES,
+    LOAD_FLOOR_S,
+    SEED,
+    CallFailed,
+    ReferenceFailed,
+    call_timeout,
+    limit,
+    load_message,
+    mutated,
+    ref_ask,
+    ref_handoff,
+    reference_side,
+    task_for,
+)
 from concur.verify.runner import RunnerFailed
 
 KEEP_PREVIOUS_BYTES = 1 << 30  # the previous trial's reference output is kept (for `other_inputs`) up to this size
@@ -30,11 +43,15 @@ def evaluate(referee, job: dict) -> dict:
     try:
         with stages("reference"):
             task = task_for(referee, job)
-            plan = measure.time_reference(referee, task, settings) if task.mode == "hardened" and job.get("solution") else None
+            plan = (
+                measure.time_reference(referee, task, settings)
+                if task.mode == "hardened" and job.get("solution")
+                else None
+            )
         if not job.get("solution"):  # a probe of the task alone
             facts["degenerate"] = probe(referee, task, settings)
             return facts
-        memory_mb = max(int(settings["memory_limit_mb"]), 2 * task.memory_mb + 4096)
+        memory_mb = max(int(settings["memory_limit_mb"]), 2 * task.memory_mb)  # twice what the reference needs
         with stages("start"):
             candidate = referee.take(memory_mb, int(settings["max_processes"]))
         facts["sandbox"] = candidate.sandbox
@@ -85,8 +102,10 @@ def load_candidate(referee, task, candidate, job, facts, deadline) -> bool:
     init = referee.stage(candidate, [task.init], "load")[0] if task.init else []
     message = load_message(job["settings"], "candidate", "ModelNew", program, init, job.get("build_dir"))
     reply = candidate.ask(message, "load", limit(deadline, LOAD_FLOOR_S))
-    facts["load"] = {k: reply.get(k) for k in ("ok", "has_class", "error", "syntax_error", "build_error",
-                                              "load_calls", "load_s", "init_s")}  # fmt: skip
+    facts["load"] = {
+        k: reply.get(k)
+        for k in ("ok", "has_class", "error", "syntax_error", "build_error", "load_calls", "load_s", "init_s")
+    }
     facts["counted_modules"] = reply.get("counted_modules", 0)
     return bool(reply.get("ok") and reply.get("has_class") and not reply.get("error"))
 
@@ -106,24 +125,32 @@ def trial_plan(settings: dict) -> list[tuple[int, int, str]]:
 
 
 def run_trials(referee, task, candidate, settings, facts, deadline) -> bool:
-    """Reference then candidate on the same fresh inputs, trial by trial; stops at the first failure."""
+    """Reference then candidate on the same fresh inputs, trial by trial; stops at the first failure. The task's
+    degenerate probe rides along on the reference's outputs (finished on the reference alone if the candidate
+    fails early), once per task."""
     torch = referee.torch
     hardened = settings["mode"] == "hardened"
-    previous, found, calls = None, [], 0
-    for number, seed, kind in trial_plan(settings):
+    plan, probe, calls, passed, done = trial_plan(settings), Probe(task, settings), 0, True, 0
+    for number, seed, kind in plan:
+        done += 1
         values = referee.draw(task, seed, kind)
         ref = reference_outputs(referee, task, values, seed)
+        probe.add(kind, ref, values)
         trial: dict = {"number": number, "kind": kind}
         facts["trials"].append(trial)
         if kind == "signed" and not all(torch.isfinite(r).all() for r in ref if isinstance(r, torch.Tensor)):
             trial["skipped"] = "reference output not finite on these inputs"
             continue
         specs = referee.stage(candidate, [values], "correctness")[0]
-        reply = candidate.ask({"op": "call", "calls": [{"args": specs, "seed": seed}]}, "correctness",
-                              limit(deadline, call_timeout(task, 1, first=number == 1)))  # fmt: skip
+        reply = candidate.ask(
+            {"op": "call", "calls": [{"args": specs, "seed": seed}]},
+            "correctness",
+            limit(deadline, call_timeout(task, 1, first=number == 1)),
+        )
         if not reply.get("ok"):
             trial["error"] = reply.get("error")
-            return False
+            passed = False
+            break
         calls += reply.get("kernel_calls", 0)
         facts["kernel_calls"] = calls
         metas = reply["outs"][0]
@@ -132,19 +159,42 @@ def run_trials(referee, task, candidate, settings, facts, deadline) -> bool:
         if mismatch:
             kind_, _, detail = mismatch.partition(" ")
             trial.update(ok_shape=kind_ != "shape_mismatch", ok_dtype=False, detail=detail)
-            return False
+            passed = False
+            break
         outputs, _ = referee.handoff(candidate, [metas], "correctness", limit(deadline, call_timeout(task, 1)))
         trial.update(checks.compare(outputs[0], ref, settings, strict_finite=hardened))
         trial["mutated"] = mutated(torch, candidate, specs, values)
-        if kind == "random":
-            found.append(checks.degenerate_kinds(ref, values, previous, settings))
-            previous = [r.clone() for r in ref] if task.output_bytes <= KEEP_PREVIOUS_BYTES else None
         if number == 1:  # last: the float64 reference's hand-off lands beside `ref` in the same arena
             facts["precision"] = precision(referee, task, values, ref, outputs[0], seed)
         if not checks.passes(trial) or trial["mutated"] and hardened:
-            return False
-    facts["degenerate"] = checks.degenerate_everywhere(found)
-    return True
+            passed = False
+            break
+    if task.degenerate is None and not passed:
+        for _, seed, kind in plan[done:]:
+            if kind == "random":
+                values = referee.draw(task, seed, kind)
+                probe.add(kind, reference_outputs(referee, task, values, seed), values)
+    if task.degenerate is None:
+        task.degenerate = probe.kinds()
+    facts["degenerate"] = task.degenerate
+    return passed
+
+
+class Probe:
+    """Which trivial outputs pass the task's check on every random trial (checks.degenerate_kinds per trial)."""
+
+    def __init__(self, task, settings: dict):
+        self.task, self.settings, self.found, self.previous = task, settings, [], None
+
+    def add(self, kind: str, ref: list, values: list) -> None:
+        if kind != "random" or self.task.degenerate is not None:
+            return
+        self.found.append(checks.degenerate_kinds(ref, values, self.previous, self.settings))
+        keep = self.task.output_bytes <= KEEP_PREVIOUS_BYTES
+        self.previous = [r.clone() if hasattr(r, "clone") else r for r in ref] if keep else None
+
+    def kinds(self) -> list[str]:
+        return checks.degenerate_everywhere(self.found)
 
 
 def reference_outputs(referee, task, values: list, seed: int) -> list:
@@ -167,12 +217,14 @@ def precision(referee, task, values, ref, new, seed) -> dict:
         if not task.has_double:
             return {"skipped": "the reference does not run in float64"}
         specs = referee.stage(task.runner, [values], "reference")[0]
-        reply = task.runner.ask({"op": "call", "calls": [{"args": specs, "seed": seed}], "fp64": True}, "reference",
-                                600.0)  # fmt: skip
+        reply = task.runner.ask(
+            {"op": "call", "calls": [{"args": specs, "seed": seed}], "fp64": True}, "reference", 600.0
+        )
         if not reply.get("ok"):
             return {"skipped": f"float64 reference: {reply.get('error')}"}
-        exact, _ = referee.handoff(task.runner, reply["outs"], "reference", 600.0,
-                                   start=task.output_bytes + exchange.OUT_SLACK, grow=False)  # fmt: skip
+        exact, _ = referee.handoff(
+            task.runner, reply["outs"], "reference", 600.0, start=task.output_bytes + exchange.OUT_SLACK, grow=False
+        )
     except CallFailed as err:
         return {"skipped": str(err)}
     except RunnerFailed as err:
@@ -182,10 +234,10 @@ def precision(referee, task, values, ref, new, seed) -> dict:
 
 def probe(referee, task, settings) -> list[str]:
     """The trivial outputs that pass this task's check on every random trial (a task alone, no candidate)."""
-    previous, found = None, []
-    for number, seed, kind in trial_plan({**settings, "signed_trials": 0}):
-        values = referee.draw(task, seed, kind)
-        ref = reference_outputs(referee, task, values, seed)
-        found.append(checks.degenerate_kinds(ref, values, previous, settings))
-        previous = ref
-    return checks.degenerate_everywhere(found)
+    if task.degenerate is None:
+        found = Probe(task, settings)
+        for _, seed, kind in trial_plan({**settings, "signed_trials": 0}):
+            values = referee.draw(task, seed, kind)
+            found.add(kind, reference_outputs(referee, task, values, seed), values)
+        task.degenerate = found.kinds()
+    return task.degenerate

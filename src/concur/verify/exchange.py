@@ -89,8 +89,14 @@ def driver() -> Driver:
 
 class _DeviceMemory:
     def __init__(self, ptr: int, nbytes: int):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
-                                         "strides": None, "stream": None}  # fmt: skip
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+            "stream": None,
+        }
 
 
 def _device_bytes(ptr: int, nbytes: int):
@@ -178,8 +184,14 @@ def tensor_spec(value) -> dict:
     if any(s < 0 for s in value.stride()):
         raise ValueError("negative strides cannot cross")
     span = 0 if value.numel() == 0 else 1 + sum((n - 1) * s for n, s in zip(value.shape, value.stride()))
-    return {"t": "tensor", "dtype": str(value.dtype), "shape": list(value.shape), "stride": list(value.stride()),
-            "span": span, "device": value.device.type}  # fmt: skip
+    return {
+        "t": "tensor",
+        "dtype": str(value.dtype),
+        "shape": list(value.shape),
+        "stride": list(value.stride()),
+        "span": span,
+        "device": value.device.type,
+    }
 
 
 def value_spec(value) -> dict:

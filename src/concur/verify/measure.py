@@ -8,13 +8,18 @@ import secrets
 import time
 
 from concur.verify import checks, exchange, procs, timing
-from concur.verify.reference import (SEED, CallFailed, call_timeout, limit, mutated, ref_ask, ref_handoff,
-                                     reference_side)  # fmt: skip
+from concur.verify.reference import SEED, CallFailed, call_timeout, limit, mutated, ref_ask, ref_handoff, reference_side
 
 SAMPLES = 1024  # output elements checked per checked timed call
 CHECKED_PER_BATCH = 4  # timed calls of each batch whose outputs are checked (chosen in secret)
-EXPECTED_BACKEND = {"matmul.allow_tf32": False, "cudnn.allow_tf32": False, "float32_matmul_precision": "highest",
-                    "cudnn.benchmark": False, "cudnn.deterministic": False, "deterministic_algorithms": False}  # fmt: skip
+EXPECTED_BACKEND = {
+    "matmul.allow_tf32": False,
+    "cudnn.allow_tf32": False,
+    "float32_matmul_precision": "highest",
+    "cudnn.benchmark": False,
+    "cudnn.deterministic": False,
+    "deterministic_algorithms": False,
+}
 
 
 def time_reference(referee, task, settings) -> dict:
@@ -25,8 +30,11 @@ def time_reference(referee, task, settings) -> dict:
     ask = lambda m, s, t=600.0: ref_ask(task, m, s, t)  # noqa: E731
     with reference_side():
         warm_up(referee, task, task.runner, calls, settings, ask)
-        while not timing.reference_done([timing.per_call_ms(f, task.overhead_ms, calls) for f in plan["forward"]],
-                                        calls, float(settings["timing_min_s"])):  # fmt: skip
+        while not timing.reference_done(
+            [timing.per_call_ms(f, task.overhead_ms, calls) for f in plan["forward"]],
+            calls,
+            float(settings["timing_min_s"]),
+        ):
             seeds = [secrets.randbits(62) for _ in range(calls)]
             batch = timed_batch(referee, task, task.runner, seeds, ask)
             outputs, handoff_s = ref_handoff(referee, task, batch["metas"])
@@ -61,8 +69,14 @@ def timed_batch(referee, task, runner, seeds, ask) -> dict:
     forward_s = time.perf_counter() - begin
     cores = (procs.cpu_seconds(runner.pid) - cpu) / forward_s if forward_s > 0 else 0.0
     metas = answered(ask({"op": "outs"}, "timing", 60.0))["outs"]
-    return {"forward_ms": 1000.0 * forward_s, "metas": metas, "specs": specs, "values": values, "cores": cores,
-            "kernel_calls": reply.get("kernel_calls", 0)}  # fmt: skip
+    return {
+        "forward_ms": 1000.0 * forward_s,
+        "metas": metas,
+        "specs": specs,
+        "values": values,
+        "cores": cores,
+        "kernel_calls": reply.get("kernel_calls", 0),
+    }
 
 
 def answered(reply: dict) -> dict:
@@ -107,8 +121,9 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                 timed["mismatch"] = f"call {number * calls + i + 1}: {mismatch}"
         if timed["mismatch"]:
             break
-        outputs, handoff_s = referee.handoff(candidate, batch["metas"], "timing",
-                                             limit(deadline, call_timeout(task, calls)))  # fmt: skip
+        outputs, handoff_s = referee.handoff(
+            candidate, batch["metas"], "timing", limit(deadline, call_timeout(task, calls))
+        )
         forward.append(batch["forward_ms"])
         handoffs.append(1000.0 * handoff_s)
         cores.append(batch["cores"])
@@ -118,18 +133,25 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             if failed:
                 timed["mismatch"] = f"call {number * calls + i + 1}: {failed}"
         for i in range(calls):
-            timed["mutated"] += [j for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i])
-                                 if j not in timed["mutated"]]  # fmt: skip
+            timed["mutated"] += [
+                j for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i]) if j not in timed["mutated"]
+            ]
         per_call = timing.per_call_times(forward, handoffs, plan["handoff"], task.overhead_ms, calls)
-        if timed["mismatch"] or timing.candidate_done(per_call, calls, float(settings["timing_min_s"]),
-                                                      reference["median_ms"]):  # fmt: skip
+        if timed["mismatch"] or timing.candidate_done(
+            per_call, calls, float(settings["timing_min_s"]), reference["median_ms"]
+        ):
             break
     facts["timed"] = timed
     if forward:
         per_call = timing.per_call_times(forward, handoffs, plan["handoff"], task.overhead_ms, calls)
-        facts["timing"] = {"ref": reference, "new": timing.summary(per_call), "calls_per_batch": calls,
-                           "deferred": timing.deferred(handoffs, plan["handoff"], forward),
-                           "cores": sorted(cores)[len(cores) // 2], "cores_allowed": referee.threads}  # fmt: skip
+        facts["timing"] = {
+            "ref": reference,
+            "new": timing.summary(per_call),
+            "calls_per_batch": calls,
+            "deferred": timing.deferred(handoffs, plan["handoff"], forward),
+            "cores": sorted(cores)[len(cores) // 2],
+            "cores_allowed": referee.threads,
+        }
     inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
 
 
@@ -150,14 +172,24 @@ def time_kernelbench(referee, task, candidate, settings, facts, deadline) -> Non
     values = referee.draw(task, SEED, "random")
     specs = referee.stage(candidate, [values], "timing")[0]
     trials = int(settings["timing_trials"]) + 1 + int(settings["warmup"])
-    reply = candidate.ask({"op": "kb_time", "args": specs, "warmup": settings["warmup"],
-                           "trials": settings["timing_trials"], "discard": 1}, "timing",
-                          limit(deadline, call_timeout(task, trials)))  # fmt: skip
+    reply = candidate.ask(
+        {
+            "op": "kb_time",
+            "args": specs,
+            "warmup": settings["warmup"],
+            "trials": settings["timing_trials"],
+            "discard": 1,
+        },
+        "timing",
+        limit(deadline, call_timeout(task, trials)),
+    )
     if not reply.get("ok"):
         facts["trials"].append({"number": len(facts["trials"]) + 1, "kind": "timing", "error": reply.get("error")})
         return
-    facts["timing"] = {"ref": timing.kernelbench_summary(task.kb_times),
-                       "new": timing.kernelbench_summary(reply["times_ms"])}  # fmt: skip
+    facts["timing"] = {
+        "ref": timing.kernelbench_summary(task.kb_times),
+        "new": timing.kernelbench_summary(reply["times_ms"]),
+    }
 
 
 def inspect(referee, task, candidate, facts, deadline, own_kernels: list[str] | None) -> None:
@@ -167,11 +199,17 @@ def inspect(referee, task, candidate, facts, deadline, own_kernels: list[str] | 
     reply = candidate.ask({"op": "profile", "args": specs}, "profile", limit(deadline, call_timeout(task, 1) + 30))
     names = reply.get("names") if reply.get("ok") else None
     own = None if own_kernels is None else set(own_kernels) - set(task.profile or {})
-    facts["profile"] = {"device": referee.device, "names": names, "reference": task.profile,
-                        "own": None if own is None else sorted(own),
-                        "launched_own": sorted(n for n in (names or {}) if own and n in own)}  # fmt: skip
+    facts["profile"] = {
+        "device": referee.device,
+        "names": names,
+        "reference": task.profile,
+        "own": None if own is None else sorted(own),
+        "launched_own": sorted(n for n in (names or {}) if own and n in own),
+    }
     state = candidate.ask({"op": "state"}, "profile", limit(deadline, 30.0))
     backend = state.get("backend") or {}
     expected = {**EXPECTED_BACKEND, "num_threads": referee.threads}
-    facts["state"] = {"backend_changed": sorted(k for k, v in expected.items() if backend.get(k, v) != v),
-                      "tampered": state.get("tampered") or []}  # fmt: skip
+    facts["state"] = {
+        "backend_changed": sorted(k for k, v in expected.items() if backend.get(k, v) != v),
+        "tampered": state.get("tampered") or [],
+    }

@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from concur.verify import compiling, procs, settings as verify_settings
+from concur.verify import compiling, procs
+from concur.verify import settings as verify_settings
 from concur.verify.screen import screen
 
 log = logging.getLogger("concur.verify")
@@ -59,11 +60,23 @@ def device_label(device: str) -> str:
 def blank_verdict(status: str, reason: str, settings: dict, label: str) -> dict:
     nan = math.nan
     return {
-        "status": status, "reason": reason, "compiled": False, "correct": False,
-        "ref_ms": nan, "new_ms": nan, "ref_median_ms": nan, "new_median_ms": nan,
-        "speedup": 0.0, "max_abs_err": nan, "device": label, "verify_mode": settings["mode"],
-        "compile_s": 0.0, "eval_s": 0.0, "flags": "", "trusted": True,
-    }  # fmt: skip
+        "status": status,
+        "reason": reason,
+        "compiled": False,
+        "correct": False,
+        "ref_ms": nan,
+        "new_ms": nan,
+        "ref_median_ms": nan,
+        "new_median_ms": nan,
+        "speedup": 0.0,
+        "max_abs_err": nan,
+        "device": label,
+        "verify_mode": settings["mode"],
+        "compile_s": 0.0,
+        "eval_s": 0.0,
+        "flags": "",
+        "trusted": True,
+    }
 
 
 def pre_verdict(job: Job, settings: dict) -> tuple[str, str] | None:
@@ -115,8 +128,12 @@ def run_builds(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -
     for i, program in enumerate(compiling.warm_programs([j.solution for j in to_build], settings)):
         compiling.build(zygote, program, shared, cache_root, scratch / f"warm-{i}", verify_settings.cores(), True)
     trusted = settings["sandbox"] == "off"
-    build = lambda job: compiling.build(zygote, job.solution, settings, cache_root, scratch / f"{job.index:06d}",
-                                        threads, trusted)  # noqa: E731  # fmt: skip
+
+    def build(job: Job) -> dict:
+        return compiling.build(
+            zygote, job.solution, settings, cache_root, scratch / f"{job.index:06d}", threads, trusted
+        )
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(build, job): job for job in to_build}
         for future in _progress(as_completed(futures), len(futures), progress, "compile"):
@@ -140,9 +157,27 @@ class RefereeDied(RuntimeError):
     pass
 
 
-TRUSTED_ENV = ("HOME", "TMPDIR", "USER", "LOGNAME", "SHELL", "TERM", "CUDA_MODULE_LOADING", "CUDA_LAUNCH_BLOCKING",
-               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_HOME", "XDG_CACHE_HOME", "CXX", "CC", "CFLAGS", "CXXFLAGS",
-               "LDFLAGS", "CPPFLAGS", "MAX_JOBS")  # fmt: skip
+TRUSTED_ENV = (
+    "HOME",
+    "TMPDIR",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "CUDA_MODULE_LOADING",
+    "CUDA_LAUNCH_BLOCKING",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TORCH_HOME",
+    "XDG_CACHE_HOME",
+    "CXX",
+    "CC",
+    "CFLAGS",
+    "CXXFLAGS",
+    "LDFLAGS",
+    "CPPFLAGS",
+    "MAX_JOBS",
+)
 
 
 def trusted_env() -> dict[str, str]:
@@ -156,8 +191,17 @@ def trusted_env() -> dict[str, str]:
 class RefereeHandle:
     """A referee process (concur.verify.referee) on one device."""
 
-    def __init__(self, device: str, gpu: str | None, cache_root: Path, threads: int, workers: int, confine: bool,
-                 profiler: bool, cpus: list[int] | None):  # fmt: skip
+    def __init__(
+        self,
+        device: str,
+        gpu: str | None,
+        cache_root: Path,
+        threads: int,
+        workers: int,
+        confine: bool,
+        profiler: bool,
+        cpus: list[int] | None,
+    ):
         self.args = (device, gpu, cache_root, threads, workers, confine, profiler, cpus)
         self.root = Path(tempfile.mkdtemp(prefix="concur-referee-"))
         self.log = self.root / "referee.log"
@@ -166,15 +210,30 @@ class RefereeHandle:
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "concur.verify.referee", str(theirs.fileno())],
-                                         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                         env=env, start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "concur.verify.referee", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=env,
+                start_new_session=True,
+            )
         theirs.close()
         self.channel = procs.Channel(mine)
         try:
-            self.channel.send({"device": device, "workdir": str(self.root), "cache_root": str(cache_root),
-                               "threads": threads, "workers": workers, "confine": confine,
-                               "profiler": profiler, "cpus": cpus})  # fmt: skip
+            self.channel.send(
+                {
+                    "device": device,
+                    "workdir": str(self.root),
+                    "cache_root": str(cache_root),
+                    "threads": threads,
+                    "workers": workers,
+                    "confine": confine,
+                    "profiler": profiler,
+                    "cpus": cpus,
+                }
+            )
             reply, _ = self.channel.recv(timeout=REFEREE_START_S)
         except (procs.ChannelClosed, TimeoutError, OSError) as err:
             raise RuntimeError(f"the referee did not start ({type(err).__name__}); see {self.log}") from None
@@ -195,7 +254,7 @@ class RefereeHandle:
             raise RefereeDied(f"the referee stopped ({type(err).__name__}): {tail.strip()[-300:]}") from None
         return reply["facts"]
 
-    def restarted(self) -> "RefereeHandle":
+    def restarted(self) -> RefereeHandle:
         self.close()
         return RefereeHandle(*self.args)
 
@@ -235,9 +294,14 @@ def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
             return _POOL[1]
         close_referees()
         with ThreadPoolExecutor(max_workers=len(slots)) as pool:
-            handles = list(pool.map(lambda slot: RefereeHandle(settings["device"], slot[0], cache_root, threads,
-                                                               workers, confine, profiler, slot[1]),
-                                    zip(slots, cpus)))  # fmt: skip
+            handles = list(
+                pool.map(
+                    lambda slot: RefereeHandle(
+                        settings["device"], slot[0], cache_root, threads, workers, confine, profiler, slot[1]
+                    ),
+                    zip(slots, cpus),
+                )
+            )
         _POOL = (key, handles)
         return handles
 
@@ -297,5 +361,11 @@ def evaluate_with_retry(handles: list[RefereeHandle], slot: int, payload: dict, 
         except RefereeDied as err:
             log.warning("referee %d died on %s (attempt %d): %s", slot, payload["candidate_id"], attempt, err)
             handles[slot] = handles[slot].restarted()
-    return {"failure": {"kind": "referee", "stage": "evaluate", "detail": "the referee died twice on this candidate",
-                        "seconds": 0}}  # fmt: skip
+    return {
+        "failure": {
+            "kind": "referee",
+            "stage": "evaluate",
+            "detail": "the referee died twice on this candidate",
+            "seconds": 0,
+        }
+    }

@@ -63,7 +63,7 @@ def include_dirs(flags: list[str]) -> list[Path]:
         elif arg in ("-I", "-isystem"):
             pending = True
         elif arg.startswith("-isystem"):
-            dirs.append(Path(arg[len("-isystem"):]))
+            dirs.append(Path(arg[len("-isystem") :]))
         elif arg.startswith("-I"):
             dirs.append(Path(arg[2:]))
     return dirs

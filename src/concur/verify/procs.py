@@ -113,9 +113,14 @@ class Zygote:
         full_env = {**({} if clean else os.environ), **(env or {}), "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
         log = open(log_path, "ab") if log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "concur.verify.zygote", str(theirs.fileno())], pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=full_env, start_new_session=True,
-        )  # fmt: skip
+            [sys.executable, "-m", "concur.verify.zygote", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=full_env,
+            start_new_session=True,
+        )
         theirs.close()
         self.channel = Channel(mine)
         self.lock = threading.Lock()
@@ -208,8 +213,9 @@ class Stopped(Exception):
         self.kind, self.detail = kind, detail
 
 
-def await_reply(channel: Channel, zygote: Zygote, pid: int, timeout: float, memory_kb: int, max_processes: int,
-                poll_s: float = 0.2) -> dict:  # fmt: skip
+def await_reply(
+    channel: Channel, zygote: Zygote, pid: int, timeout: float, memory_kb: int, max_processes: int, poll_s: float = 0.2
+) -> dict:
     """The child's next message, within `timeout` and its limits (memory and processes of its session, read from
     /proc every `poll_s`); over a limit the child is killed. Raises Stopped."""
     start = time.monotonic()

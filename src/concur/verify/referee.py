@@ -27,7 +27,6 @@ from concur.verify.reference import CallFailed
 from concur.verify.runner import Runner
 
 
-
 def split_cores(cpus: list[int] | None, threads: int) -> tuple[list[int], list[int]]:
     """(active, spare): the cores for this referee and the contestant it times, and the cores on which the next
     contestants start (CUDA and CUPTI start-up takes seconds of CPU). Nothing is split on fewer than 4 cores."""
@@ -62,8 +61,9 @@ class Referee:
             torch.cuda.init()
             props = torch.cuda.get_device_properties(0)
             self.label = f"cuda:{props.name}"
-            self.flush_buffer = torch.empty(2 * (getattr(props, "L2_cache_size", 0) or 64 << 20), dtype=torch.uint8,
-                                            device="cuda")  # fmt: skip
+            self.flush_buffer = torch.empty(
+                2 * (getattr(props, "L2_cache_size", 0) or 64 << 20), dtype=torch.uint8, device="cuda"
+            )
         self.pool: deque[Runner] = deque()
         self.serial = 0
         self.task = None
@@ -77,8 +77,17 @@ class Referee:
         self.serial += 1
         folder = self.workdir / "contestants" / f"{os.getpid()}-{self.serial}"
         hidden = [str(self.workdir), str(self.cache_root)] if self.confine else None
-        return Runner(self.zygote, folder, self.device, self.threads, hidden, [str(self.cache_root)], memory_mb,
-                      max_processes, self.profiler)  # fmt: skip
+        return Runner(
+            self.zygote,
+            folder,
+            self.device,
+            self.threads,
+            hidden,
+            [str(self.cache_root)],
+            memory_mb,
+            max_processes,
+            self.profiler,
+        )
 
     def refill(self, memory_mb: int = 16384, max_processes: int = 64) -> None:
         while len(self.pool) < self.workers:
@@ -120,8 +129,9 @@ class Referee:
         self.sync()
         return specs
 
-    def handoff(self, runner: Runner, metas: list[list[dict]], stage: str, timeout: float, start: int = 0,
-                grow: bool = True) -> tuple[list, float]:  # fmt: skip
+    def handoff(
+        self, runner: Runner, metas: list[list[dict]], stage: str, timeout: float, start: int = 0, grow: bool = True
+    ) -> tuple[list, float]:
         """Have the runner copy its kept outputs into its output arena, from `start` plus a random offset; returns
         the outputs as views of the arena, and the seconds the hand-off took. Views from earlier hand-offs stay
         valid unless the arena has to grow (`grow=False` refuses to)."""

@@ -40,6 +40,7 @@ class TaskState:
         self.referee, self.runner, self.error = referee, None, None
         self.meta = self.kb_times = self.profile = None
         self.stochastic = True
+        self.degenerate: list[str] | None = None  # the probe's answer, once per task
         self.call_ms = None
         self.has_double = None
         try:
@@ -151,8 +152,17 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
     if settings["mode"] == "hardened":
         task.profile = ref_ask(task, {"op": "profile", "args": specs[0]}, "reference")["names"]
     else:
-        reply = ref_ask(task, {"op": "kb_time", "args": specs[0], "warmup": settings["warmup"],
-                               "trials": settings["timing_trials"], "discard": 1}, "reference")  # fmt: skip
+        reply = ref_ask(
+            task,
+            {
+                "op": "kb_time",
+                "args": specs[0],
+                "warmup": settings["warmup"],
+                "trials": settings["timing_trials"],
+                "discard": 1,
+            },
+            "reference",
+        )
         task.kb_times = reply["times_ms"]
 
 
@@ -171,9 +181,17 @@ def stochastic(referee, task, specs: list[dict]) -> bool:
 def load_message(settings: dict, role: str, class_name: str, program, init: list, build_dir) -> dict:
     """Both models are made the same way: seed 42, then the class on the same init inputs (KernelBench's order);
     kernelbench mode casts models and inputs to float32 as KernelBench does."""
-    return {"op": "load", "role": role, "class_name": class_name, "program": str(program), "seed": SEED,
-            "init": init, "fixed_backend": settings["mode"] == "hardened",
-            "cast": "float32" if settings["mode"] == "kernelbench" else None, "build_dir": build_dir}  # fmt: skip
+    return {
+        "op": "load",
+        "role": role,
+        "class_name": class_name,
+        "program": str(program),
+        "seed": SEED,
+        "init": init,
+        "fixed_backend": settings["mode"] == "hardened",
+        "cast": "float32" if settings["mode"] == "kernelbench" else None,
+        "build_dir": build_dir,
+    }
 
 
 def overhead_ms(task) -> float:

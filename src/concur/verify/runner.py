@@ -11,8 +11,20 @@ from pathlib import Path
 from concur.verify import exchange, procs
 
 READY_TIMEOUT_S = 120.0
-PASSED_ENV = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "VIRTUAL_ENV",
-              "CONDA_PREFIX", "LANG", "LC_ALL", "PYTHONPATH", "TORCH_CUDA_ARCH_LIST", "NVIDIA_VISIBLE_DEVICES")  # fmt: skip
+PASSED_ENV = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "LANG",
+    "LC_ALL",
+    "PYTHONPATH",
+    "TORCH_CUDA_ARCH_LIST",
+    "NVIDIA_VISIBLE_DEVICES",
+)
 
 
 class RunnerFailed(Exception):
@@ -29,24 +41,49 @@ class RunnerFailed(Exception):
 def contestant_env(folder: Path, threads: int) -> dict:
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     tmp = folder / "tmp"
-    env.update(HOME=str(tmp), TMPDIR=str(tmp), CUDA_CACHE_PATH=str(tmp / "nv"), TRITON_CACHE_DIR=str(tmp / "triton"),
-               OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONDONTWRITEBYTECODE="1",
-               PYTHONHASHSEED="0")  # fmt: skip
+    env.update(
+        HOME=str(tmp),
+        TMPDIR=str(tmp),
+        CUDA_CACHE_PATH=str(tmp / "nv"),
+        TRITON_CACHE_DIR=str(tmp / "triton"),
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONHASHSEED="0",
+    )
     return env
 
 
 class Runner:
     """One contestant process, started at once; `ready()` waits for it to have made its CUDA context."""
 
-    def __init__(self, zygote: procs.Zygote, folder: Path, device: str, threads: int, hidden: list[str] | None,
-                 readable: list[str], memory_mb: int, max_processes: int, profiler: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        zygote: procs.Zygote,
+        folder: Path,
+        device: str,
+        threads: int,
+        hidden: list[str] | None,
+        readable: list[str],
+        memory_mb: int,
+        max_processes: int,
+        profiler: bool = False,
+    ):
         self.zygote, self.folder, self.device = zygote, folder, device
         (folder / "tmp").mkdir(parents=True, exist_ok=True)
         self.memory_kb, self.max_processes = memory_mb * 1024, max_processes
-        spec = {"role": "contestant", "cwd": str(folder), "env": contestant_env(folder, threads),
-                "log": str(folder / "contestant.log"), "device": device, "threads": threads, "profiler": profiler,
-                "sandbox": None if hidden is None else {"write": [str(folder)], "read": readable, "hidden": hidden,
-                                                        "devices": device == "cuda"}}  # fmt: skip
+        spec = {
+            "role": "contestant",
+            "cwd": str(folder),
+            "env": contestant_env(folder, threads),
+            "log": str(folder / "contestant.log"),
+            "device": device,
+            "threads": threads,
+            "profiler": profiler,
+            "sandbox": None
+            if hidden is None
+            else {"write": [str(folder)], "read": readable, "hidden": hidden, "devices": device == "cuda"},
+        }
         self.pid, self.channel = zygote.spawn(spec)
         self.arenas: dict[str, exchange.Arena | None] = {"in": None, "out": None}
         self.sandbox: str | None = None

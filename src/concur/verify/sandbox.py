@@ -4,8 +4,8 @@ Landlock (Linux ≥ 5.13, unprivileged, root included) is the boundary: the proc
 it may read everything except the verifier's work and cache trees (other candidates' folders, verdict tables),
 where it reads only what it is given; it cannot open TCP connections, signal or ptrace processes outside its
 sandbox (the referee, the job), open their memory or descriptors under /proc, or connect to their abstract sockets.
-(Their /proc/<pid>/environ stays readable: the trusted processes are started with a scrubbed environment.) Where Landlock is
-missing the process still runs, limited by rlimits only, and its verdict says so (`sandbox:none`).
+(Their /proc/<pid>/environ stays readable: the trusted processes are started with a scrubbed environment.) Where
+Landlock is missing the process still runs, limited by rlimits only, and its verdict says so (`sandbox:none`).
 Stdlib only: it runs in the forked child before anything else.
 """
 
@@ -27,8 +27,17 @@ _REFER, _TRUNCATE, _IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
 _FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE | _IOCTL_DEV
 _NET_ALL = (1 << 0) | (1 << 1)  # bind and connect TCP
 _SCOPE_ALL = (1 << 0) | (1 << 1)  # abstract unix sockets and signals
-DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/urandom", "/dev/random", "/dev/nvidiactl",
-                "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")  # fmt: skip
+DEVICE_FILES = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/urandom",
+    "/dev/random",
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 

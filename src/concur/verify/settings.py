@@ -5,22 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 
-import functools
-from pathlib import Path
-
-SCHEMA_PATH = Path(__file__).resolve().parents[3] / "schemas" / "config.schema.yaml"
-
-
-@functools.cache
-def _schema_defaults() -> dict:
-    import yaml
-
-    properties = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["verify"]["properties"]
-    return {key: spec.get("default") for key, spec in properties.items()}
+from concur import config
 
 
 def defaults() -> dict:
-    return dict(_schema_defaults())
+    """The `verify` section's defaults, read from the packaged schema (its keys are flat: no validator needed)."""
+    properties = config.load_schema()["properties"]["verify"]["properties"]
+    return {key: spec.get("default") for key, spec in properties.items()}
 
 
 def normalize(settings: dict | None, for_compile: bool = False) -> dict:
@@ -35,7 +26,9 @@ def normalize(settings: dict | None, for_compile: bool = False) -> dict:
         from concur.verify.sandbox import landlock_abi
 
         if landlock_abi() < 1:
-            raise ValueError("verify.sandbox is required but this kernel has no Landlock (Linux >= 5.13 with it enabled)")
+            raise ValueError(
+                "verify.sandbox is required but this kernel has no Landlock (Linux >= 5.13 with it enabled)"
+            )
     merged["device"] = resolve_device(merged["device"], for_compile)
     if int(merged["workers"]) < 1 or float(merged["timeout_s"]) <= 0:
         raise ValueError("verify.workers must be >= 1 and verify.timeout_s > 0")
@@ -71,8 +64,11 @@ def detected_cuda_arch() -> str:
     import torch
 
     if not torch.cuda.is_available():
-        raise ValueError("verify.cuda_arch must be set (e.g. '9.0') to compile CUDA candidates on a machine without a GPU")
-    return "%d.%d" % torch.cuda.get_device_capability(0)
+        raise ValueError(
+            "verify.cuda_arch must be set (e.g. '9.0') to compile CUDA candidates on a machine without a GPU"
+        )
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"{major}.{minor}"
 
 
 def visible_gpus() -> list[str]:

@@ -37,8 +37,9 @@ def per_call_ms(forward_ms: float, overhead_ms: float, calls: int, handoff_exces
     return max(FLOOR_MS, (forward_ms - overhead_ms + max(0.0, handoff_excess_ms)) / max(1, calls))
 
 
-def per_call_times(forward_ms: list[float], handoff_ms: list[float], reference_handoff_ms: list[float],
-                   overhead_ms: float, calls: int) -> list[float]:
+def per_call_times(
+    forward_ms: list[float], handoff_ms: list[float], reference_handoff_ms: list[float], overhead_ms: float, calls: int
+) -> list[float]:
     """Per-call time of each batch: its forward, minus the round trip, plus whatever its hand-off took beyond the
     reference's median hand-off (the same rule for both models, so noise in hand-offs favours neither)."""
     typical = statistics.median(reference_handoff_ms) if reference_handoff_ms else 0.0
@@ -64,8 +65,9 @@ def summary(per_call: list[float]) -> dict:
     return {"mean_ms": mean, "median_ms": statistics.median(per_call), "cv": spread, "batches": len(per_call)}
 
 
-def deferred(candidate_handoff_ms: list[float], reference_handoff_ms: list[float],
-             candidate_forward_ms: list[float]) -> bool:  # fmt: skip
+def deferred(
+    candidate_handoff_ms: list[float], reference_handoff_ms: list[float], candidate_forward_ms: list[float]
+) -> bool:
     """The candidate's hand-offs take clearly longer than the reference's for the same bytes, beyond their spread
     and as a share of its own batches: it left work running past its reply (the excess is counted either way)."""
     if not candidate_handoff_ms or not reference_handoff_ms:
@@ -83,5 +85,9 @@ def speedup(reference: dict, candidate: dict) -> float:
 
 def kernelbench_summary(times_ms: list[float]) -> dict:
     """KernelBench's statistic is the mean; the median is reported beside it."""
-    return {"mean_ms": statistics.fmean(times_ms), "median_ms": statistics.median(times_ms), "batches": len(times_ms),
-            "cv": statistics.pstdev(times_ms) / statistics.fmean(times_ms) if len(times_ms) > 1 else 0.0}  # fmt: skip
+    return {
+        "mean_ms": statistics.fmean(times_ms),
+        "median_ms": statistics.median(times_ms),
+        "batches": len(times_ms),
+        "cv": statistics.pstdev(times_ms) / statistics.fmean(times_ms) if len(times_ms) > 1 else 0.0,
+    }
