@@ -59,13 +59,15 @@ def fake_torch(tmp_path: Path) -> Path:
     return include
 
 
-def compile_with_front(tmp_path: Path, include: Path, name: str, extra: list[str], env_pch: Path):
+def compile_with_front(tmp_path: Path, include: Path, name: str, extra: list[str], env_pch: Path, preexec=None):
     source = tmp_path / f"{name}.cpp"
     source.write_text(SOURCE)
     argv = [f"-DTORCH_EXTENSION_NAME={name}", "-isystem", str(include), "-fPIC", "-std=c++17", *extra,
             "-c", str(source), "-o", str(tmp_path / f"{name}.o")]  # fmt: skip
     env = {**os.environ, pch_cxx.PCH_DIR_ENV: str(env_pch), pch_cxx.REAL_CXX_ENV: "clang++"}
-    return subprocess.run([sys.executable, pch_cxx.__file__, *argv], env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, pch_cxx.__file__, *argv], env=env, capture_output=True, text=True, preexec_fn=preexec
+    )
 
 
 @needs_clang
@@ -94,17 +96,17 @@ def test_unusable_pch_falls_back_to_a_plain_compile(tmp_path):
 @needs_clang
 def test_a_build_that_may_not_write_the_shared_folder_compiles_without_a_pch(tmp_path):
     """A sandboxed candidate build reads the shared PCHs but cannot add one: it compiles the unit as it is."""
+    from concur.verify import sandbox
+
     include, pch_dir = fake_torch(tmp_path), tmp_path / "pch"
     pch_dir.mkdir()
-    pch_dir.chmod(0o500)
-    try:
-        if os.access(pch_dir, os.W_OK):
-            pytest.skip("running as root: a read-only folder is still writable")
-        proc = compile_with_front(tmp_path, include, "ext_a", ["-O2"], pch_dir)
-        assert proc.returncode == 0, proc.stderr
-        assert (tmp_path / "ext_a.o").stat().st_size > 0 and not list(pch_dir.iterdir())
-    finally:
-        pch_dir.chmod(0o700)
+    if sandbox.landlock_abi() < 1:
+        pytest.skip("needs Landlock (the sandbox of a candidate's build)")
+    confine = lambda: sandbox.confine([str(tmp_path / "out")], [], [], devices=False)  # noqa: E731
+    (tmp_path / "out").mkdir()
+    proc = compile_with_front(tmp_path / "out", include, "ext_a", ["-O2"], pch_dir, preexec=confine)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "ext_a.o").stat().st_size > 0 and not list(pch_dir.iterdir())
 
 
 @needs_clang
