@@ -15,7 +15,6 @@ import math
 import os
 import queue
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -205,22 +204,10 @@ class RefereeHandle:
         self.args = (device, gpu, cache_root, threads, workers, confine, profiler, cpus)
         self.root = Path(tempfile.mkdtemp(prefix="concur-referee-"))
         self.log = self.root / "referee.log"
-        mine, theirs = socket.socketpair()
         env = trusted_env()
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "concur.verify.referee", str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                env=env,
-                start_new_session=True,
-            )
-        theirs.close()
-        self.channel = procs.Channel(mine)
+        self.proc, self.channel = procs.start_module("concur.verify.referee", env, self.log)
         try:
             self.channel.send(
                 {

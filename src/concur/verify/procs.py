@@ -109,20 +109,8 @@ class Zygote:
 
     def __init__(self, log_path: str | None = None, env: dict | None = None, clean: bool = False):
         """`clean`: the zygote gets `env` alone, not this process's environment with `env` on top."""
-        mine, theirs = socket.socketpair()
         full_env = {**({} if clean else os.environ), **(env or {}), "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
-        log = open(log_path, "ab") if log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "concur.verify.zygote", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env=full_env,
-            start_new_session=True,
-        )
-        theirs.close()
-        self.channel = Channel(mine)
+        self.proc, self.channel = start_module("concur.verify.zygote", full_env, log_path)
         self.lock = threading.Lock()
         self.next_ref = 0
         self.spawned: dict[int, queue.Queue] = {}
@@ -203,6 +191,27 @@ class Zygote:
                 target.put((message["pid"], fds[0]))
             elif message.get("op") == "exit":
                 self._exit_queue(message["pid"]).put(message["code"])
+
+
+def start_module(module: str, env: dict, log_path) -> tuple[subprocess.Popen, Channel]:
+    """`python -m <module> <fd>` in a session of its own, talking over a socket on <fd>; its output to `log_path`."""
+    mine, theirs = socket.socketpair()
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            start_new_session=True,
+        )
+    finally:
+        theirs.close()
+        if log_path:
+            log.close()
+    return proc, Channel(mine)
 
 
 class Stopped(Exception):
