@@ -1,6 +1,5 @@
 # concur: PyTorch programs -> LLM-written kernels with reasoning -> verified -> ConCuR dataset -> LoRA -> KernelBench-style scores.
 # Entry point: config, schema validation, includes, the final targets. All logic lives in src/concur.
-import glob
 import os
 import re
 import sys
@@ -15,7 +14,8 @@ sys.path.insert(0, SRC)
 os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
 
 from concur import config as concur_config
-from concur.synthesize import drawn_with
+from concur import tasks as concur_tasks
+from concur import workflow as concur_workflow
 
 
 configfile: "config.yaml"

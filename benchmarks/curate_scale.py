@@ -32,7 +32,6 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 20.0
 PAPER_TASKS = 18162
-CATEGORIES = ("single_op", "fused", "model")
 CATEGORY_SHARES = (0.35, 0.50, 0.15)
 FAILURES = ("incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code")
 FAILURE_SHARES = (0.45, 0.25, 0.15, 0.03, 0.07, 0.05)
@@ -43,21 +42,30 @@ def _ids(prefix: str, n: int) -> list[str]:
     return [hashlib.sha256(f"{prefix}\x1f{i}".encode()).hexdigest()[:16] for i in range(n)]
 
 
-def synthetic_tables(n_tasks: int = PAPER_TASKS, per_task: int = 5, seed: int = 0,
-                     text_chars: int = 256) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def synthetic_tables(
+    n_tasks: int = PAPER_TASKS, per_task: int = 5, seed: int = 0, text_chars: int = 256
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(candidates, verdicts, tasks) in the workflow's contracts, `n_tasks * per_task` candidates."""
     from concur import contracts
 
     rng = np.random.default_rng(seed)
     n = n_tasks * per_task
     task_ids = np.array([f"kernelbook/{i:06d}" for i in range(n_tasks)], dtype=object)
-    category = rng.choice(np.array(CATEGORIES, dtype=object), size=n_tasks, p=CATEGORY_SHARES)
+    category = rng.choice(np.array(contracts.CATEGORIES, dtype=object), size=n_tasks, p=CATEGORY_SHARES)
     level = np.select([category == "single_op", category == "fused"], [1, 2], 3)
-    tasks = pd.DataFrame({
-        "task_id": task_ids, "split": "train", "suite": "kernelbook", "level": level,
-        "name": [f"Module{i}" for i in range(n_tasks)], "code": "class Model: ...", "category": category,
-        "n_ops": rng.integers(1, 30, size=n_tasks), "origin": "synthetic",
-    })
+    tasks = pd.DataFrame(
+        {
+            "task_id": task_ids,
+            "split": "train",
+            "suite": "kernelbook",
+            "level": level,
+            "name": [f"Module{i}" for i in range(n_tasks)],
+            "code": "class Model: ...",
+            "category": category,
+            "n_ops": rng.integers(1, 30, size=n_tasks),
+            "origin": "synthetic",
+        }
+    )
 
     # task difficulty drives both the lengths and the success rate, as in the paper's data
     hardness = rng.normal(0.0, 1.0, size=n_tasks)
@@ -73,27 +81,53 @@ def synthetic_tables(n_tasks: int = PAPER_TASKS, per_task: int = 5, seed: int = 
     candidate_ids = _ids("synthetic", n)
     filler = "x" * max(0, text_chars - 24)
     reasoning = [f"think {cid} {filler}" for cid in candidate_ids]
-    candidates = pd.DataFrame({
-        "candidate_id": candidate_ids, "task_id": task_ids[task_of],
-        "sample_idx": np.tile(np.arange(per_task), n_tasks), "generator": "synthetic-teacher", "backend": "replay",
-        "prompt": [f"prompt {t} {filler}" for t in task_ids[task_of]], "response": reasoning, "reasoning": reasoning,
-        "answer": [f"answer {cid} {filler}" for cid in candidate_ids],
-        "code": [f"# code {cid}\n{filler}" for cid in candidate_ids], "reasoning_tokens": tokens,
-        "completion_tokens": tokens + 600, "finish_reason": "stop", "seed": 0,
-    })
+    candidates = pd.DataFrame(
+        {
+            "candidate_id": candidate_ids,
+            "task_id": task_ids[task_of],
+            "sample_idx": np.tile(np.arange(per_task), n_tasks),
+            "generator": "synthetic-teacher",
+            "backend": "replay",
+            "prompt": [f"prompt {t} {filler}" for t in task_ids[task_of]],
+            "response": reasoning,
+            "reasoning": reasoning,
+            "answer": [f"answer {cid} {filler}" for cid in candidate_ids],
+            "code": [f"# code {cid}\n{filler}" for cid in candidate_ids],
+            "reasoning_tokens": tokens,
+            "completion_tokens": tokens + 600,
+            "finish_reason": "stop",
+            "seed": 0,
+        }
+    )
     ref_ms = np.exp(rng.normal(0.0, 1.0, size=n))
     new_ms = np.where(correct, ref_ms / np.where(correct, speedup, 1.0), np.nan)
-    verdicts = pd.DataFrame({
-        "candidate_id": candidate_ids, "task_id": task_ids[task_of], "status": status,
-        "reason": np.where(correct, "", "trial 0: value_mismatch"),
-        "compiled": ~np.isin(status, ["compile_error", "no_code"]), "correct": correct, "ref_ms": ref_ms,
-        "new_ms": new_ms, "ref_median_ms": ref_ms, "new_median_ms": new_ms, "speedup": speedup,
-        "max_abs_err": np.where(correct, 1e-4, 1.0), "device": "cuda:NVIDIA H100", "verify_mode": "hardened",
-        "compile_s": 15.0, "eval_s": 2.0, "flags": "", "trusted": True,
-    })
-    return (contracts.conform(candidates, contracts.CANDIDATES, "synthetic candidates"),
-            contracts.conform(verdicts, contracts.VERDICTS, "synthetic verdicts"),
-            contracts.conform(tasks, contracts.TASKS, "synthetic tasks"))
+    verdicts = pd.DataFrame(
+        {
+            "candidate_id": candidate_ids,
+            "task_id": task_ids[task_of],
+            "status": status,
+            "reason": np.where(correct, "", "trial 0: value_mismatch"),
+            "compiled": ~np.isin(status, ["compile_error", "no_code"]),
+            "correct": correct,
+            "ref_ms": ref_ms,
+            "new_ms": new_ms,
+            "ref_median_ms": ref_ms,
+            "new_median_ms": new_ms,
+            "speedup": speedup,
+            "max_abs_err": np.where(correct, 1e-4, 1.0),
+            "device": "cuda:NVIDIA H100",
+            "verify_mode": "hardened",
+            "compile_s": 15.0,
+            "eval_s": 2.0,
+            "flags": "",
+            "trusted": True,
+        }
+    )
+    return (
+        contracts.conform(candidates, contracts.CANDIDATES, "synthetic candidates"),
+        contracts.conform(verdicts, contracts.VERDICTS, "synthetic verdicts"),
+        contracts.conform(tasks, contracts.TASKS, "synthetic tasks"),
+    )
 
 
 def synthetic_scores(n_tasks: int = 250, samples: int = 10, seed: int = 1) -> pd.DataFrame:
@@ -101,18 +135,34 @@ def synthetic_scores(n_tasks: int = 250, samples: int = 10, seed: int = 1) -> pd
     from concur.evaluate import score
 
     rng = np.random.default_rng(seed)
-    tasks = pd.DataFrame({"task_id": [f"kernelbench/L{1 + i % 2}/{i}" for i in range(n_tasks)],
-                          "level": [1 + i % 2 for i in range(n_tasks)],
-                          "category": ["single_op" if i % 2 == 0 else "fused" for i in range(n_tasks)]})
-    difficulty = pd.DataFrame({"task_id": tasks["task_id"],
-                               "difficulty": rng.choice(["Easy", "Medium", "Hard"], size=n_tasks)})
+    tasks = pd.DataFrame(
+        {
+            "task_id": [f"kernelbench/L{1 + i % 2}/{i}" for i in range(n_tasks)],
+            "level": [1 + i % 2 for i in range(n_tasks)],
+            "category": ["single_op" if i % 2 == 0 else "fused" for i in range(n_tasks)],
+        }
+    )
+    difficulty = pd.DataFrame(
+        {"task_id": tasks["task_id"], "difficulty": rng.choice(["Easy", "Medium", "Hard"], size=n_tasks)}
+    )
     verdicts = {}
-    for model, rate in (("base", 0.18), ("concur", 0.58), ("min", 0.5), ("max", 0.3), ("speedup", 0.45),
-                        ("random", 0.4)):
+    for model, rate in (
+        ("base", 0.18),
+        ("concur", 0.58),
+        ("min", 0.5),
+        ("max", 0.3),
+        ("speedup", 0.45),
+        ("random", 0.4),
+    ):
         n = n_tasks * samples
         ok = rng.random(n) < rate
-        verdicts[model] = pd.DataFrame({"task_id": np.repeat(tasks["task_id"].to_numpy(), samples), "correct": ok,
-                                        "speedup": np.where(ok, np.exp(rng.normal(-0.2, 0.6, size=n)), 0.0)})
+        verdicts[model] = pd.DataFrame(
+            {
+                "task_id": np.repeat(tasks["task_id"].to_numpy(), samples),
+                "correct": ok,
+                "speedup": np.where(ok, np.exp(rng.normal(-0.2, 0.6, size=n)), 0.0),
+            }
+        )
     return score(verdicts, tasks, {"pass_k": [1, 10], "fast_p": [0, 1]}, difficulty)
 
 
@@ -144,21 +194,39 @@ def write_inputs(folder: Path, n_tasks: int, per_task: int, shards: int, text_ch
 def run_curate(inputs: dict, out: Path) -> None:
     from concur.curate import run
 
-    outputs = SimpleNamespace(dataset=out / "dataset" / "concur.parquet", sft=out / "dataset" / "concur_sft.jsonl",
-                              card=out / "dataset" / "card.md",
-                              subsets=[out / "dataset" / "subsets" / f"{name}.parquet"
-                                       for name in ("min", "max", "speedup", "random")])
-    run(inputs["candidates"], inputs["verified"], inputs["tasks"],
-        {"selection": "strict", "speedup_threshold": 5.0, "single_op_share": 0.3,
-         "ablations": ["min", "max", "speedup", "random"], "seed": 0}, outputs)
+    outputs = SimpleNamespace(
+        dataset=out / "dataset" / "concur.parquet",
+        sft=out / "dataset" / "concur_sft.jsonl",
+        card=out / "dataset" / "card.md",
+        subsets=[out / "dataset" / "subsets" / f"{name}.parquet" for name in ("min", "max", "speedup", "random")],
+    )
+    run(
+        inputs["candidates"],
+        inputs["verified"],
+        inputs["tasks"],
+        {
+            "selection": "strict",
+            "speedup_threshold": 5.0,
+            "single_op_share": 0.3,
+            "ablations": ["min", "max", "speedup", "random"],
+            "seed": 0,
+        },
+        outputs,
+    )
 
 
 def run_analyze(inputs: dict, out: Path) -> None:
     from concur.analyze import FIGURES, run
 
-    run(inputs["candidates"], inputs["verified"], inputs["tasks"], inputs["scores"],
-        {"bin_width": 512, "easy_below": 4000, "hard_above": 8500}, out / "analysis" / "summary.json",
-        [out / "figures" / name for name in FIGURES])
+    run(
+        inputs["candidates"],
+        inputs["verified"],
+        inputs["tasks"],
+        inputs["scores"],
+        {"bin_width": 512, "easy_below": 4000, "hard_above": 8500},
+        out / "analysis" / "summary.json",
+        [out / "figures" / name for name in FIGURES],
+    )
 
 
 def measure(inputs: dict, out: Path, repeats: int) -> dict[str, float]:
@@ -192,6 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     start = time.perf_counter()
     import concur.analyze  # noqa: F401  (pandas, scipy, matplotlib)
     import concur.curate  # noqa: F401
+
     import_s = time.perf_counter() - start
 
     with tempfile.TemporaryDirectory(prefix="concur-scale-") as tmp:
@@ -202,15 +271,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         seconds = measure(inputs, folder / "outputs", args.repeats)
 
     n = inputs["n_candidates"]
-    print(f"\nsynthetic run: {args.tasks} tasks x {args.per_task} = {n} candidates "
-          f"({inputs['n_correct']} correct, {inputs['n_correct'] / max(n, 1):.1%}), {args.shards} shards; "
-          f"inputs written in {setup_s:.1f} s; imports {import_s:.1f} s (not in the times below)")
+    print(
+        f"\nsynthetic run: {args.tasks} tasks x {args.per_task} = {n} candidates "
+        f"({inputs['n_correct']} correct, {inputs['n_correct'] / max(n, 1):.1%}), {args.shards} shards; "
+        f"inputs written in {setup_s:.1f} s; imports {import_s:.1f} s (not in the times below)"
+    )
     print(f"\n{'stage (parquet in, outputs written)':<48} {'candidates':>10} {'seconds':>8} {'target s':>9}")
     print(f"{'curate (concur.curate.run)':<48} {n:>10} {seconds['curate']:>8.2f} {'':>9}")
     print(f"{'analyze (concur.analyze.run, figures included)':<48} {n:>10} {seconds['analyze']:>8.2f} {'':>9}")
     verdict = "met" if seconds["together"] <= TARGET_S else "MISSED"
-    print(f"{'curate + analyze, one after the other':<48} {n:>10} {seconds['together']:>8.2f} "
-          f"{TARGET_S:>9.0f}  {verdict}")
+    print(
+        f"{'curate + analyze, one after the other':<48} {n:>10} {seconds['together']:>8.2f} {TARGET_S:>9.0f}  {verdict}"
+    )
     return {**seconds, "n_candidates": n, "n_correct": inputs["n_correct"]}
 
 

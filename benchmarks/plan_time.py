@@ -23,8 +23,20 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-UNARY = ["torch.relu", "torch.sigmoid", "torch.tanh", "torch.exp", "torch.abs", "torch.sin", "torch.cos",
-         "F.gelu", "F.silu", "F.softplus", "torch.neg", "torch.square"]
+UNARY = [
+    "torch.relu",
+    "torch.sigmoid",
+    "torch.tanh",
+    "torch.exp",
+    "torch.abs",
+    "torch.sin",
+    "torch.cos",
+    "F.gelu",
+    "F.silu",
+    "F.softplus",
+    "torch.neg",
+    "torch.square",
+]
 BINARY = ["+", "-", "*"]
 REDUCE = ["sum", "mean", "amax", "amin"]
 
@@ -73,9 +85,20 @@ def write_kernelbook(path: Path, n: int, seed: int = 0) -> None:
     rows = []
     for i in range(n):
         code, entry = synthetic_program(rng, f"Module{i}")
-        rows.append({"entry_point": entry, "python_code": code, "uuid": i, "repo_name": f"synthetic/repo{i % 997}",
-                     "module_name": entry, "synthetic": True, "licenses": ["MIT"], "stars": 0, "sha": "0" * 40,
-                     "triton_code": ""})
+        rows.append(
+            {
+                "entry_point": entry,
+                "python_code": code,
+                "uuid": i,
+                "repo_name": f"synthetic/repo{i % 997}",
+                "module_name": entry,
+                "synthetic": True,
+                "licenses": ["MIT"],
+                "stars": 0,
+                "sha": "0" * 40,
+                "triton_code": "",
+            }
+        )
     pd.DataFrame(rows).to_parquet(path, index=False)
 
 
@@ -108,9 +131,13 @@ def time_stage(kernelbook: Path, kernelbench: Path) -> float:
     from concur.tasks import build_tasks
 
     start = time.perf_counter()
-    build_tasks([{"kind": "kernelbook", "path": str(kernelbook), "split": "train"},
-                 {"kind": "kernelbench", "path": str(kernelbench), "split": "eval", "levels": [1, 2]}],
-                {"validate_run": False})
+    build_tasks(
+        [
+            {"kind": "kernelbook", "path": str(kernelbook), "split": "train"},
+            {"kind": "kernelbench", "path": str(kernelbench), "split": "eval", "levels": [1, 2]},
+        ],
+        {"validate_run": False},
+    )
     return time.perf_counter() - start
 
 
@@ -127,24 +154,36 @@ def main() -> None:
         kernelbook, kernelbench = tmp / "kernelbook.parquet", tmp / "kb"
         write_kernelbook(kernelbook, args.tasks)
         write_kernelbench(kernelbench, args.eval_per_level)
-        sources = [{"kind": "kernelbook", "path": str(kernelbook), "split": "train"},
-                   {"kind": "kernelbench", "path": str(kernelbench), "split": "eval", "levels": [1, 2]}]
+        sources = [
+            {"kind": "kernelbook", "path": str(kernelbook), "split": "train"},
+            {"kind": "kernelbench", "path": str(kernelbench), "split": "eval", "levels": [1, 2]},
+        ]
         # --config turns nested numbers into strings: the override names no levels (the folder holds only 1 and 2)
         override = "tasks=" + json.dumps({"sources": [{k: v for k, v in s.items() if k != "levels"} for s in sources]})
         rows = [
-            ("default config.yaml (builtin suite)", 20,
-             *time_command(snakemake + ["--config", f"results={tmp}/default"], args.repeats)),
-            (f"configs/paper.yaml (synthetic KernelBook + KernelBench)", args.tasks + 2 * args.eval_per_level,
-             *time_command(snakemake + ["--configfile", "configs/paper.yaml", "--config", f"results={tmp}/paper",
-                                        override], args.repeats)),
+            (
+                "default config.yaml (builtin suite)",
+                20,
+                *time_command(snakemake + ["--config", f"results={tmp}/default"], args.repeats),
+            ),
+            (
+                "configs/paper.yaml (synthetic KernelBook + KernelBench)",
+                args.tasks + 2 * args.eval_per_level,
+                *time_command(
+                    snakemake + ["--configfile", "configs/paper.yaml", "--config", f"results={tmp}/paper", override],
+                    args.repeats,
+                ),
+            ),
         ]
         print(f"\n{'plan':<58} {'tasks':>7} {'jobs':>6} {'median s':>9}")
         for name, tasks, seconds, jobs in rows:
             print(f"{name:<58} {tasks:>7} {jobs:>6} {seconds:>9.2f}")
         if args.stage:
             seconds = time_stage(kernelbook, kernelbench)
-            print(f"{'tasks stage in-process (load, dedupe, contamination)':<58} "
-                  f"{args.tasks + 2 * args.eval_per_level:>7} {'-':>6} {seconds:>9.2f}")
+            print(
+                f"{'tasks stage in-process (load, dedupe, contamination)':<58} "
+                f"{args.tasks + 2 * args.eval_per_level:>7} {'-':>6} {seconds:>9.2f}"
+            )
 
 
 if __name__ == "__main__":

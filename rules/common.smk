@@ -1,16 +1,12 @@
-# Helper functions and constants shared by every rule file. Rules never compute paths themselves.
+# Helper functions and constants shared by every rule file. Rules never compute paths themselves; what a stage
+# receives from the config is made by concur.workflow, which the `concur` command uses too.
 
-RESULTS = config["results"]
 SHARDS = list(range(config["tasks"]["shards"]))
 TEACHER = config["synthesize"]["generator"]
 ADAPTERS = config["train"]["adapters"]
-BASE_GENERATOR = config["evaluate"]["base_generator"]
 BASELINES = config["evaluate"]["baselines"]
-# every evaluated model: the base generator, the base generator plus each adapter, each baseline generator
-EVAL_MODELS = ["base"] + ADAPTERS + BASELINES
+EVAL_MODELS = concur_workflow.eval_models(config)
 DIFFICULTY_MODEL = config["evaluate"]["difficulty_model"]
-# what eval generation depends on: changing pass_k, baselines or the difficulty model reruns no generation
-EVAL_GENERATION_KEYS = ["samples", "temperature", "top_p", "max_new_tokens", "batch_size", "seed", "gpus"]
 
 
 wildcard_constraints:
@@ -22,7 +18,7 @@ wildcard_constraints:
 
 def results(*parts):
     """A path under the configured results folder."""
-    return os.path.join(RESULTS, *parts)
+    return concur_workflow.results_path(config, *parts)
 
 
 def log_path(*parts):
@@ -36,30 +32,6 @@ def benchmark_path(*parts):
 def shard_files(kind, generator=TEACHER):
     """Every shard of a stage's output for one generator (`kind`: candidates or verified)."""
     return [results(kind, generator, f"shard-{i}.parquet") for i in SHARDS]
-
-
-def task_source_files(wildcards):
-    """The files behind the task sources, so editing a task reruns the tasks rule.
-
-    Only what exists locally and is cheap to list: a table file, the tables of a folder, a KernelBench level's
-    programs. A hub id or a missing path adds nothing (the tasks job names the problem), so planning never reads
-    a large source.
-    """
-    files = []
-    for source in config["tasks"]["sources"]:
-        path, kind = source["path"], source["kind"]
-        if kind == "builtin":
-            files += [os.path.join(path, "suite.yaml")]
-            files += sorted(glob.glob(os.path.join(path, "*", "*.py")))
-        elif os.path.isfile(path):
-            files.append(path)
-        elif os.path.isdir(path):
-            levels = source.get("levels") or ["[0-9]*"]
-            patterns = ["**/*.py"] if kind == "folder" else ["*.parquet", "*.jsonl", "*.json"]
-            if kind == "kernelbench":
-                patterns += [f"{sub}level{level}/*.py" for sub in ("", "KernelBench/") for level in levels]
-            files += sorted(f for pattern in patterns for f in glob.glob(os.path.join(path, pattern), recursive=True))
-    return files
 
 
 def replay_file(wildcards):
@@ -79,13 +51,13 @@ def eval_adapter_dir(wildcards):
     return [results("adapters", wildcards.model)] if wildcards.model in ADAPTERS else []
 
 
-def eval_generator_name(model):
-    """The generators entry behind an evaluated model: a baseline's own, else the base generator."""
-    return model if model in BASELINES else BASE_GENERATOR
-
-
 def eval_generator(wildcards):
-    return config["generators"][eval_generator_name(wildcards.model)]
+    return config["generators"][concur_workflow.eval_generator_name(config, wildcards.model)]
+
+
+def eval_generator_params(wildcards):
+    """What eval_generate's params hold of its generator (the script reads the whole entry from the config)."""
+    return concur_workflow.generator_params(config, concur_workflow.eval_generator_name(config, wildcards.model))
 
 
 def eval_replay_file(wildcards):
@@ -95,37 +67,7 @@ def eval_replay_file(wildcards):
 
 
 def eval_gpus(wildcards):
-    """GPUs of one eval generation job: none for a baseline behind an endpoint or a replay file."""
-    return 0 if eval_generator(wildcards)["backend"] in ("openai", "replay") else gpus("evaluate")
-
-
-def eval_generation_settings():
-    return {key: config["evaluate"][key] for key in EVAL_GENERATION_KEYS}
-
-
-def eval_model_info():
-    """Kind (base, adapter, baseline) and generators entry of every evaluated model, for the results table."""
-    kinds = {"base": "base", **{a: "adapter" for a in ADAPTERS}, **{b: "baseline" for b in BASELINES}}
-    return {model: {"kind": kinds[model], "generator": eval_generator_name(model)} for model in EVAL_MODELS}
-
-
-def eval_api_key_variables():
-    """The API key variables of the evaluated generators (the base one and each baseline)."""
-    names = [BASE_GENERATOR] + BASELINES
-    return sorted({config["generators"][n]["api_key_env"] for n in names if config["generators"][n].get("api_key_env")})
-
-
-COMPILE_KEYS = ["device", "mode", "cuda_arch", "host_compiler", "timeout_s", "memory_limit_mb", "max_processes"]
-
-
-def verify_settings():
-    """The verify section with the build cache resolved (shared by compile and verify jobs)."""
-    return {**config["verify"], "build_cache": config["verify"]["build_cache"] or results("build-cache")}
-
-
-def compile_settings():
-    """Only what changes a build: editing timing or correctness settings must not rerun the compile jobs."""
-    return {key: value for key, value in verify_settings().items() if key in COMPILE_KEYS + ["build_cache"]}
+    return concur_workflow.eval_gpus(config, wildcards.model)
 
 
 def verify_mem_mb(wildcards, threads):
@@ -136,6 +78,25 @@ def verify_mem_mb(wildcards, threads):
 def gpus(section):
     """GPUs a rule family asks for (0 on the CPU default)."""
     return config[section]["gpus"]
+
+
+def _per_job(value, formula):
+    """formula(value), or a function of the wildcards when `value` is one (a GPU count that differs per job)."""
+    if callable(value):
+        return lambda wildcards: formula(value(wildcards))
+    return formula(value)
+
+
+def model_job_threads(gpus):
+    """Cores of a job that runs a model on `gpus` GPUs (a number, or a function of the wildcards): 4 per GPU, at
+    least 2."""
+    return _per_job(gpus, lambda n: max(2, 4 * n))
+
+
+def model_job_resources(gpus, mem_mb, runtime):
+    """Resources of a job that runs a model on `gpus` GPUs: the GPUs (`gpu`, which the SLURM profile turns into
+    --gpus), `mem_mb` plus 32 GB of host memory per GPU (a large model's weights pass through it), `runtime` minutes."""
+    return {"gpu": gpus, "mem_mb": _per_job(gpus, lambda n: mem_mb + 32000 * n), "runtime": runtime}
 
 
 def final_targets():

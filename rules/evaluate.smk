@@ -1,9 +1,10 @@
 # The API key variables of openai generators evaluated (the base one, baselines) must be set before the run
 # starts; cluster jobs receive them.
-if eval_api_key_variables():
+EVAL_API_KEYS = concur_workflow.api_key_variables(config, [config["evaluate"]["base_generator"], *BASELINES])
+if EVAL_API_KEYS:
 
     envvars:
-        *eval_api_key_variables(),
+        *EVAL_API_KEYS,
 
 
 rule eval_generate:
@@ -16,9 +17,9 @@ rule eval_generate:
     output:
         results("eval", "{model}", "candidates.parquet"),
     params:
-        settings=eval_generation_settings(),
-        generator=lambda wc: drawn_with(eval_generator(wc)),  # the script reads the whole entry from the config
-        generator_name=lambda wc: eval_generator_name(wc.model),
+        settings=concur_workflow.eval_generation_settings(config),
+        generator=eval_generator_params,  # a moved server reruns nothing
+        generator_name=lambda wc: concur_workflow.eval_generator_name(config, wc.model),
         models=config["models"],
         language=config["synthesize"]["language"],
     log:
@@ -27,40 +28,29 @@ rule eval_generate:
         benchmark_path("eval", "{model}", "generate")
     conda:
         "../envs/torch.yaml"
-    threads: lambda wc: max(2, 4 * eval_gpus(wc))
+    threads: model_job_threads(eval_gpus)
     resources:
-        gpu=eval_gpus,
-        mem_mb=lambda wc: 8000 + 32000 * eval_gpus(wc),  # host memory to load a large model's weights, per GPU
-        runtime=12 * 60,
+        **model_job_resources(eval_gpus, mem_mb=8000, runtime=12 * 60),
     script:
         "../scripts/eval_generate.py"
 
 
-rule eval_compile:
-    """Build the eval generations' extensions into the shared build cache (a CPU job)."""
+# the eval generations' extensions, built into the shared build cache (a CPU job)
+use rule compile as eval_compile with:
     input:
         candidates=results("eval", "{model}", "candidates.parquet"),
     output:
         results("eval", "{model}", "builds.parquet"),
     params:
-        settings=compile_settings(),
         workdir=lambda wc: results("scratch", "eval-compile", wc.model),
     log:
         log_path("eval", "{model}", "compile"),
     benchmark:
         benchmark_path("eval", "{model}", "compile")
-    conda:
-        "../envs/torch.yaml"
-    threads: config["verify"]["compile_threads"]
-    resources:
-        mem_mb=lambda wc, threads: 4000 * threads,
-        runtime=6 * 60,
-    script:
-        "../scripts/compile.py"
 
 
-rule eval_verify:
-    """The same verifier as for training candidates, on the eval generations."""
+# the same verifier as for training candidates, on the eval generations
+use rule verify as eval_verify with:
     input:
         candidates=results("eval", "{model}", "candidates.parquet"),
         builds=results("eval", "{model}", "builds.parquet"),
@@ -68,21 +58,11 @@ rule eval_verify:
     output:
         results("eval", "{model}", "verified.parquet"),
     params:
-        settings=verify_settings(),
         workdir=lambda wc: results("scratch", "eval", wc.model),
     log:
         log_path("eval", "{model}", "verify"),
     benchmark:
         benchmark_path("eval", "{model}", "verify")
-    conda:
-        "../envs/torch.yaml"
-    threads: config["verify"]["workers"]
-    resources:
-        gpu=gpus("verify"),
-        mem_mb=verify_mem_mb,
-        runtime=6 * 60,
-    script:
-        "../scripts/verify.py"
 
 
 rule eval_score:
@@ -102,10 +82,9 @@ rule eval_score:
         table_md=results("eval", "table.md"),
         difficulty=results("eval", "difficulty.csv"),
     params:
-        settings={key: config["evaluate"][key] for key in ("pass_k", "fast_p", "difficulty_model", "samples",
-                                                            "temperature")},
-        thresholds={key: config["analyze"][key] for key in ("easy_below", "hard_above")},
-        models=eval_model_info(),
+        settings=concur_workflow.scoring_settings(config),
+        thresholds=concur_workflow.difficulty_thresholds(config),
+        models=concur_workflow.eval_model_info(config),
     log:
         log_path("eval", "score"),
     conda:

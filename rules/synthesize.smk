@@ -1,8 +1,8 @@
 # An openai teacher's API key variable must be set before the run starts; cluster jobs receive it.
-if config["generators"][TEACHER].get("api_key_env"):
+if concur_workflow.api_key_variables(config, [TEACHER]):
 
     envvars:
-        config["generators"][TEACHER]["api_key_env"],
+        *concur_workflow.api_key_variables(config, [TEACHER]),
 
 
 rule synthesize:
@@ -15,7 +15,7 @@ rule synthesize:
         results("candidates", "{generator}", "shard-{shard}.parquet"),
     params:
         settings=config["synthesize"],
-        generator=lambda wc: drawn_with(config["generators"][wc.generator]),  # a new server address reruns nothing
+        generator=lambda wc: concur_workflow.generator_params(config, wc.generator),  # a moved server reruns nothing
         models=config["models"],
         shards=len(SHARDS),
     log:
@@ -24,10 +24,8 @@ rule synthesize:
         benchmark_path("synthesize", "{generator}", "shard-{shard}")
     conda:
         "../envs/torch.yaml"
-    threads: max(2, 4 * gpus("synthesize"))
+    threads: model_job_threads(gpus("synthesize"))
     resources:
-        gpu=gpus("synthesize"),
-        mem_mb=8000 + 32000 * gpus("synthesize"),  # host memory to load a large model's weights, per GPU
-        runtime=24 * 60,
+        **model_job_resources(gpus("synthesize"), mem_mb=8000, runtime=24 * 60),
     script:
         "../scripts/synthesize.py"

@@ -1,7 +1,8 @@
 rule tasks:
     """Collect the configured task sources into the train and eval tables; report rejected and contaminated tasks."""
     input:
-        task_source_files,
+        # the local files the sources read (concur.tasks.input_files), so editing a program reruns this rule
+        concur_tasks.input_files(config["tasks"]["sources"]),
     output:
         train=results("tasks", "train.parquet"),
         eval=results("tasks", "eval.parquet"),
@@ -10,7 +11,7 @@ rule tasks:
         contamination=results("tasks", "contamination.csv"),
     params:
         sources=config["tasks"]["sources"],
-        settings={key: value for key, value in config["tasks"].items() if key not in ("sources", "shards", "workers")},
+        settings=concur_workflow.tasks_settings(config),
     log:
         log_path("tasks"),
     conda:

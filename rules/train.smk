@@ -23,10 +23,8 @@ rule train:
         benchmark_path("train", "{adapter}")
     conda:
         "../envs/torch.yaml"
-    threads: max(2, 4 * gpus("train"))
+    threads: model_job_threads(gpus("train"))
     resources:
-        gpu=gpus("train"),
-        mem_mb=16000 + 32000 * gpus("train"),  # host memory to load a large model's weights, per GPU
-        runtime=48 * 60,
+        **model_job_resources(gpus("train"), mem_mb=16000, runtime=48 * 60),
     script:
         "../scripts/train.py"

@@ -5,7 +5,7 @@ rule compile:
     output:
         results("builds", "{generator}", "shard-{shard}.parquet"),
     params:
-        settings=compile_settings(),
+        settings=concur_workflow.compile_settings(config),
         workdir=lambda wc: results("scratch", "compile", wc.generator, f"shard-{wc.shard}"),
     log:
         log_path("compile", "{generator}", "shard-{shard}"),
@@ -30,7 +30,7 @@ rule verify:
     output:
         results("verified", "{generator}", "shard-{shard}.parquet"),
     params:
-        settings=verify_settings(),
+        settings=concur_workflow.verify_settings(config),
         workdir=lambda wc: results("scratch", "verify", wc.generator, f"shard-{wc.shard}"),
     log:
         log_path("verify", "{generator}", "shard-{shard}"),

@@ -1,8 +1,8 @@
-from concur.evaluate import run_generation
 from concur.logs import logging_to
+from concur.synthesize import run_eval_generation
 
 with logging_to(snakemake.log[0]):
-    run_generation(
+    run_eval_generation(
         tasks_path=snakemake.input.tasks,
         adapter_dir=snakemake.input.adapter[0] if snakemake.input.adapter else None,
         model_name=snakemake.wildcards.model,

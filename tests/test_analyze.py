@@ -17,35 +17,59 @@ SETTINGS = {"bin_width": 100, "easy_below": 150, "hard_above": 300}
 ROWS = [
     ("a1", "p/a", 50, True, 1.0),
     ("a2", "p/a", 120, True, 2.0),
-    ("a3", "p/a", 180, False, 0.0),   # p/a ARL 350/3 = 116.7 -> Easy
+    ("a3", "p/a", 180, False, 0.0),  # p/a ARL 350/3 = 116.7 -> Easy
     ("b1", "p/b", 250, True, 4.0),
     ("b2", "p/b", 320, False, 0.0),
-    ("b3", "p/b", 390, True, 5.0),    # p/b ARL 960/3 = 320 -> Hard
+    ("b3", "p/b", 390, True, 5.0),  # p/b ARL 960/3 = 320 -> Hard
     ("c1", "p/c", 200, True, 1.5),
-    ("c2", "p/c", 220, False, 0.0),   # p/c ARL 210 -> Medium
+    ("c2", "p/c", 220, False, 0.0),  # p/c ARL 210 -> Medium
 ]
 
 
 def tables(rows=ROWS):
-    tasks = pd.DataFrame({"task_id": ["p/a", "p/b", "p/c"], "name": ["a", "b", "c"],
-                          "category": ["single_op", "fused", "model"], "level": [1, 2, 3]})
-    cands = pd.DataFrame({
-        "candidate_id": [r[0] for r in rows], "task_id": [r[1] for r in rows], "generator": "gen",
-        "prompt": "p", "reasoning": "r", "answer": "a", "code": "c", "reasoning_tokens": [r[2] for r in rows],
-    })
-    verdicts = pd.DataFrame({"candidate_id": [r[0] for r in rows], "task_id": [r[1] for r in rows],
-                             "correct": [r[3] for r in rows], "speedup": [r[4] for r in rows]})
+    tasks = pd.DataFrame(
+        {
+            "task_id": ["p/a", "p/b", "p/c"],
+            "name": ["a", "b", "c"],
+            "category": ["single_op", "fused", "model"],
+            "level": [1, 2, 3],
+        }
+    )
+    cands = pd.DataFrame(
+        {
+            "candidate_id": [r[0] for r in rows],
+            "task_id": [r[1] for r in rows],
+            "generator": "gen",
+            "prompt": "p",
+            "reasoning": "r",
+            "answer": "a",
+            "code": "c",
+            "reasoning_tokens": [r[2] for r in rows],
+        }
+    )
+    verdicts = pd.DataFrame(
+        {
+            "candidate_id": [r[0] for r in rows],
+            "task_id": [r[1] for r in rows],
+            "correct": [r[3] for r in rows],
+            "speedup": [r[4] for r in rows],
+        }
+    )
     return cands, verdicts, tasks
 
 
-SCORES = pd.DataFrame({
-    "model": ["base", "base", "concur", "base", "base", "concur", "concur"],
-    "scope": ["overall", "level", "overall", "difficulty", "difficulty", "difficulty", "difficulty"],
-    "group": ["all", "1", "all", "Easy", "Hard", "Easy", "Hard"],
-    "n_tasks": [3, 2, 3, 2, 1, 2, 1], "n_samples": [6, 4, 6, 4, 2, 4, 2],
-    "exec": [0.5, 0.25, 2 / 3, 0.75, 0.0, 0.5, 1.0], "fast_1": [1 / 6, 0.0, 0.5, 0.25, 0.0, 0.5, 0.5],
-    "mean_speedup": [1.2, 1.0, float("nan"), 1.2, float("nan"), 1.0, 1.0],
-})
+SCORES = pd.DataFrame(
+    {
+        "model": ["base", "base", "concur", "base", "base", "concur", "concur"],
+        "scope": ["overall", "level", "overall", "difficulty", "difficulty", "difficulty", "difficulty"],
+        "group": ["all", "1", "all", "Easy", "Hard", "Easy", "Hard"],
+        "n_tasks": [3, 2, 3, 2, 1, 2, 1],
+        "n_samples": [6, 4, 6, 4, 2, 4, 2],
+        "exec": [0.5, 0.25, 2 / 3, 0.75, 0.0, 0.5, 1.0],
+        "fast_1": [1 / 6, 0.0, 0.5, 0.25, 0.0, 0.5, 0.5],
+        "mean_speedup": [1.2, 1.0, float("nan"), 1.2, float("nan"), 1.0, 1.0],
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +89,11 @@ def test_accuracy_bins(result):
     summary, _ = result
     # [0,100): 50 ok | [100,200): 120 ok, 180 no | [200,300): 200 ok, 220 no, 250 ok | [300,400): 320 no, 390 ok
     assert [(b["lo"], b["hi"], b["count"], b["n_correct"]) for b in summary["accuracy_by_length"]] == [
-        (0, 100, 1, 1), (100, 200, 2, 1), (200, 300, 3, 2), (300, 400, 2, 1)]
+        (0, 100, 1, 1),
+        (100, 200, 2, 1),
+        (200, 300, 3, 2),
+        (300, 400, 2, 1),
+    ]
     assert [b["accuracy"] for b in summary["accuracy_by_length"]] == pytest.approx([1.0, 0.5, 2 / 3, 0.5])
 
 
@@ -73,14 +101,18 @@ def test_empty_bins_are_kept(tmp_path):
     rows = [("x1", "p/a", 10, True, 1.0), ("x2", "p/a", 310, False, 0.0)]
     summary_bins = analyze(*tables(rows), None, SETTINGS, tmp_path)["accuracy_by_length"]
     assert [(b["lo"], b["count"], b["accuracy"]) for b in summary_bins] == [
-        (0, 1, 1.0), (100, 0, None), (200, 0, None), (300, 1, 0.0)]
+        (0, 1, 1.0),
+        (100, 0, None),
+        (200, 0, None),
+        (300, 1, 0.0),
+    ]
 
 
 def test_length_stats_by_correctness(result):
     summary, _ = result
-    ok = summary["length_by_correctness"]["correct"]      # 50, 120, 200, 250, 390
+    ok = summary["length_by_correctness"]["correct"]  # 50, 120, 200, 250, 390
     assert (ok["count"], ok["mean"], ok["median"], ok["q1"], ok["q3"]) == (5, 202.0, 200.0, 120.0, 250.0)
-    bad = summary["length_by_correctness"]["incorrect"]   # 180, 220, 320
+    bad = summary["length_by_correctness"]["incorrect"]  # 180, 220, 320
     assert (bad["count"], bad["mean"], bad["median"], bad["q1"], bad["q3"]) == (3, 240.0, 220.0, 200.0, 270.0)
 
 
@@ -120,8 +152,13 @@ def test_accuracy_within_task(result):
     assert (within["n"], within["n_tasks"], within["bin_width"]) == (8, 3, 0.5)
     # z: a1 -1.25, b1 -1.22 | c1 -1 | - | a2 0.06, b2 0 | - | a3 1.19, c2 1, b3 1.22
     assert [(b["lo"], b["hi"], b["count"], b["n_correct"]) for b in within["bins"]] == [
-        (-1.5, -1.0, 2, 2), (-1.0, -0.5, 1, 1), (-0.5, 0.0, 0, 0), (0.0, 0.5, 2, 1), (0.5, 1.0, 0, 0),
-        (1.0, 1.5, 3, 1)]
+        (-1.5, -1.0, 2, 2),
+        (-1.0, -0.5, 1, 1),
+        (-0.5, 0.0, 0, 0),
+        (0.0, 0.5, 2, 1),
+        (0.5, 1.0, 0, 0),
+        (1.0, 1.5, 3, 1),
+    ]
     assert [b["accuracy"] for b in within["bins"]] == pytest.approx([1.0, 1.0, None, 0.5, None, 1 / 3])
     ok = [Z[c] for c in Z if CORRECT[c]]
     bad = [Z[c] for c in Z if not CORRECT[c]]
@@ -155,9 +192,13 @@ def test_difficulty_thresholds_are_exclusive(tmp_path):
 def test_eval_scores_overall_rows_json_safe(result):
     summary, _ = result
     assert [(r["model"], r["exec"]) for r in summary["eval_scores"]] == [("base", 0.5), ("concur", 2 / 3)]
-    assert summary["eval_scores"][1]["mean_speedup"] is None   # NaN -> None
+    assert summary["eval_scores"][1]["mean_speedup"] is None  # NaN -> None
     assert [(r["model"], r["group"], r["exec"]) for r in summary["eval_scores_by_difficulty"]] == [
-        ("base", "Easy", 0.75), ("base", "Hard", 0.0), ("concur", "Easy", 0.5), ("concur", "Hard", 1.0)]
+        ("base", "Easy", 0.75),
+        ("base", "Hard", 0.0),
+        ("concur", "Easy", 0.5),
+        ("concur", "Hard", 1.0),
+    ]
     json.dumps(summary, allow_nan=False)
 
 
@@ -173,6 +214,7 @@ def test_figures_exist_with_captions(result):
 
 
 # ---------------------------------------------------------------- each figure shows the summary's numbers
+
 
 def legend_texts(ax):
     return [t.get_text() for t in ax.get_legend().get_texts()]
@@ -198,10 +240,12 @@ def test_figure_length_by_correctness(drawn):
     summary, _, figures = drawn
     (ax,) = figures["length_correct_vs_incorrect.png"].axes
     ok, bad = summary["length_by_correctness"]["correct"], summary["length_by_correctness"]["incorrect"]
-    assert legend_texts(ax) == [f"correct (n = {ok['count']}, median {ok['median']:,.0f} tokens)",
-                                f"incorrect (n = {bad['count']}, median {bad['median']:,.0f} tokens)"]
+    assert legend_texts(ax) == [
+        f"correct (n = {ok['count']}, median {ok['median']:,.0f} tokens)",
+        f"incorrect (n = {bad['count']}, median {bad['median']:,.0f} tokens)",
+    ]
     assert legend_texts(ax)[0] == "correct (n = 5, median 200 tokens)"
-    assert [line.get_xdata()[0] for line in ax.lines] == [200.0, 220.0]   # the dashed medians
+    assert [line.get_xdata()[0] for line in ax.lines] == [200.0, 220.0]  # the dashed medians
     # correct 50 | 120 | 200, 250 | 390 over 100-token bins from 0: shares 1/5, 1/5, 2/5, 1/5
     stairs = [p for p in ax.patches]
     assert list(stairs[0].get_data().values) == pytest.approx([0.2, 0.2, 0.4, 0.2])
@@ -224,7 +268,7 @@ def test_figure_arl_per_task(drawn):
     summary, _, figures = drawn
     ax = figures["arl_difficulty.png"].axes[0]
     assert bar_heights(ax) == pytest.approx(sorted(r["arl"] for r in summary["arl"]))
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "c", "b"]   # ARL 116.7, 210, 320
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "c", "b"]  # ARL 116.7, 210, 320
     assert legend_texts(ax)[:3] == ["Easy (n = 1 tasks)", "Medium (n = 1 tasks)", "Hard (n = 1 tasks)"]
     assert ax.get_ylabel() == "ARL (tokens)"
 
@@ -232,16 +276,23 @@ def test_figure_arl_per_task(drawn):
 def test_figure_arl_histogram_for_many_tasks(tmp_path):
     # 60 tasks (more than one bar each would show): tasks per ARL bin, stacked by band
     rows = [(f"x{i}", f"p/{i}", 10 * i, i % 2 == 0, 1.0 + i) for i in range(60)]
-    tasks = pd.DataFrame({"task_id": [f"p/{i}" for i in range(60)], "name": [f"t{i}" for i in range(60)],
-                          "category": "fused", "level": 2})
+    tasks = pd.DataFrame(
+        {
+            "task_id": [f"p/{i}" for i in range(60)],
+            "name": [f"t{i}" for i in range(60)],
+            "category": "fused",
+            "level": 2,
+        }
+    )
     cands, verdicts, _ = tables(rows)
     figures = {}
     summary = analyze(cands, verdicts, tasks, None, SETTINGS, tmp_path, figures)
     ax = figures["arl_difficulty.png"].axes[0]
     assert sum(bar_heights(ax)) == 60 == len(summary["arl"])
-    assert legend_texts(ax)[:3] == [f"{band} (n = {summary['difficulty_counts'][band]} tasks)"
-                                    for band in ("Easy", "Medium", "Hard")]
-    assert summary["difficulty_counts"] == {"Easy": 15, "Medium": 16, "Hard": 29}   # ARL 0..140, 150..300, 310..590
+    assert legend_texts(ax)[:3] == [
+        f"{band} (n = {summary['difficulty_counts'][band]} tasks)" for band in ("Easy", "Medium", "Hard")
+    ]
+    assert summary["difficulty_counts"] == {"Easy": 15, "Medium": 16, "Hard": 29}  # ARL 0..140, 150..300, 310..590
     assert ax.get_ylabel() == "tasks"
 
 
@@ -280,8 +331,9 @@ def test_figure_eval_by_difficulty(drawn):
     (ax,) = figures["eval_by_difficulty.png"].axes
     rows = summary["eval_scores_by_difficulty"]
     by = {(r["model"], r["group"]): r["exec"] for r in rows}
-    assert bar_heights(ax) == pytest.approx([by["base", "Easy"], by["concur", "Easy"],
-                                             by["base", "Hard"], by["concur", "Hard"]])
+    assert bar_heights(ax) == pytest.approx(
+        [by["base", "Easy"], by["concur", "Easy"], by["base", "Hard"], by["concur", "Hard"]]
+    )
     assert legend_texts(ax) == ["Easy (n = 2 tasks)", "Hard (n = 1 tasks)"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["base", "concur"]
 
@@ -298,10 +350,12 @@ def test_no_candidates_and_no_scores(tmp_path):
 
 def test_json_safe():
     assert json_safe({"a": np.float64("nan"), "b": [np.int64(3), math.inf], 1: (np.bool_(True),)}) == {
-        "a": None, "b": [3, None], "1": [True]}
+        "a": None,
+        "b": [3, None],
+        "1": [True],
+    }
 
 
 def test_bad_settings(tmp_path):
     with pytest.raises(ValueError, match="easy_below"):
         analyze(*tables(), None, {"bin_width": 100, "easy_below": 500, "hard_above": 300}, tmp_path)
-

@@ -11,8 +11,17 @@ import pandas as pd
 import pytest
 import torch
 
-from concur.backends import (PROMPT_TOO_LONG, Generation, OpenAIBackend, ReplayBackend, Request, StreamError,
-                             TransformersBackend, parse_choices, read_stream)
+from concur.backends import (
+    PROMPT_TOO_LONG,
+    Generation,
+    OpenAIBackend,
+    ReplayBackend,
+    Request,
+    StreamError,
+    TransformersBackend,
+    parse_choices,
+    read_stream,
+)
 from concur.synthesize import checkpoint_path, generate_candidates, generate_resumable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,9 +78,17 @@ class Server:
                     if over or (outer.bad_word and outer.bad_word in prompt):
                         status = 400
                     if outer.too_long_word and outer.too_long_word in prompt:
-                        self.answer(400, {}, {"error": {"message": "This model's maximum context length is 64 "
-                                                                   "tokens. However, you requested 90 tokens",
-                                                        "code": "context_length_exceeded"}})
+                        self.answer(
+                            400,
+                            {},
+                            {
+                                "error": {
+                                    "message": "This model's maximum context length is 64 "
+                                    "tokens. However, you requested 90 tokens",
+                                    "code": "context_length_exceeded",
+                                }
+                            },
+                        )
                     elif status == 200 and body.get("stream"):
                         self.answer_stream(body, outer.completion(body))
                     else:
@@ -89,8 +106,9 @@ class Server:
                 elif outer.models_status != 200:
                     self.answer(outer.models_status, {}, {"error": {"message": "Incorrect API key provided"}})
                 else:
-                    self.answer(200, {}, {"object": "list", "data": [{"id": m, "object": "model"}
-                                                                     for m in outer.models]})
+                    self.answer(
+                        200, {}, {"object": "list", "data": [{"id": m, "object": "model"} for m in outer.models]}
+                    )
 
             def answer_stream(self, body, data):
                 """The answer as server-sent events: a role event, content and reasoning deltas a few characters at
@@ -100,8 +118,10 @@ class Server:
                     msg, i = choice["message"], choice["index"]
                     for field in (outer.reasoning_field, "content"):
                         text = msg.get(field) or ""
-                        events += [{"choices": [{"index": i, "delta": {field: text[k:k + 4]}}]}
-                                   for k in range(0, len(text), 4)]
+                        events += [
+                            {"choices": [{"index": i, "delta": {field: text[k : k + 4]}}]}
+                            for k in range(0, len(text), 4)
+                        ]
                     events.append({"choices": [{"index": i, "delta": {}, "finish_reason": choice["finish_reason"]}]})
                 with outer.lock:
                     cut = outer.cut_streams > 0
@@ -121,8 +141,11 @@ class Server:
             def answer(self, status, headers, data):
                 raw = json.dumps(data).encode()
                 self.send_response(status)
-                for key, value in {"Content-Type": "application/json", "Content-Length": str(len(raw)),
-                                   **headers}.items():
+                for key, value in {
+                    "Content-Type": "application/json",
+                    "Content-Length": str(len(raw)),
+                    **headers,
+                }.items():
                     self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(raw)
@@ -159,8 +182,14 @@ def server():
 
 
 def gen_config(server, **extra):
-    return {"backend": "openai", "base_url": server.url, "model": "served", "backoff_s": 0.01,
-            "request_timeout_s": 5, **extra}
+    return {
+        "backend": "openai",
+        "base_url": server.url,
+        "model": "served",
+        "backoff_s": 0.01,
+        "request_timeout_s": 5,
+        **extra,
+    }
 
 
 def shard_tasks(*names, marker=None):
@@ -209,18 +238,25 @@ def test_unreachable_url_fails_before_any_request(server, tmp_path):
     server.stop()
     ckpt = checkpoint_path(tmp_path / "shard-0.parquet")
     ckpt.write_text("kept as it is\n")
-    with pytest.raises(RuntimeError, match=rf"^{server.url}/models: the list of served models failed after 2 "
-                                           r"attempts \(last: URLError: .*Connection refused\)$") as info:
-        generate_candidates(shard_tasks("a"), "g", gen_config(server, max_retries=1), {}, SETTINGS, "cuda", 1,
-                            checkpoint=ckpt)
+    with pytest.raises(
+        RuntimeError,
+        match=rf"^{server.url}/models: the list of served models failed after 2 "
+        r"attempts \(last: URLError: .*Connection refused\)$",
+    ) as info:
+        generate_candidates(
+            shard_tasks("a"), "g", gen_config(server, max_retries=1), {}, SETTINGS, "cuda", 1, checkpoint=ckpt
+        )
     assert "\n" not in str(info.value)
     assert ckpt.read_text() == "kept as it is\n"  # the check comes before the checkpoint is opened
 
 
 def test_model_not_served_is_one_line_naming_what_is(server):
     server.models = ["org/model-a", "org/model-b"]
-    with pytest.raises(RuntimeError, match=rf"^{server.url}/models: the server does not serve model 'served' "
-                                           r"\(it serves: org/model-a, org/model-b\)") as info:
+    with pytest.raises(
+        RuntimeError,
+        match=rf"^{server.url}/models: the server does not serve model 'served' "
+        r"\(it serves: org/model-a, org/model-b\)",
+    ) as info:
         OpenAIBackend(gen_config(server), SETTINGS)
     assert "\n" not in str(info.value) and server.requests == []
     OpenAIBackend(gen_config(server, check_model=False), SETTINGS)  # e.g. a deployment name no list shows
@@ -283,7 +319,8 @@ def test_server_ignoring_n_is_asked_again_for_the_missing_samples(server, caplog
     assert [body["n"] for body in server.requests] == [3, 2, 1] * 2
     assert [body["seed"] for body in server.requests] == [7, 8, 9] * 2
     assert sorted((g.task_id, g.sample_idx, g.seed, g.response) for g in gens) == [
-        (t, i, 7 + i, f"answer seed {7 + i} choice 0") for t in ("t/a", "t/b") for i in range(3)]
+        (t, i, 7 + i, f"answer seed {7 + i} choice 0") for t in ("t/a", "t/b") for i in range(3)
+    ]
     assert {g.completion_tokens for g in gens} == {5}  # each answer's own usage, not split
     assert caplog.text.count("ignores `n`") == 1
 
@@ -295,13 +332,16 @@ def test_server_answering_no_choice_or_too_many_is_one_clear_error(server):
             parse_choices({"choices": choices}, Request("t/a", "p"), [0, 1], 7, backend.url)
 
 
-@pytest.mark.parametrize("usage, tokens, reasoning", [
-    ({"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52}, 12, None),  # llama.cpp, vLLM
-    ({"prompt_tokens": 40, "total_tokens": 52}, 12, None),  # a total only
-    ({"completion_tokens": 30, "completion_tokens_details": {"reasoning_tokens": 20}}, 30, 20),  # OpenAI reasoning
-    ({"completion_tokens": None}, None, None),
-    ("absent", None, None),  # no usage at all
-])
+@pytest.mark.parametrize(
+    "usage, tokens, reasoning",
+    [
+        ({"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52}, 12, None),  # llama.cpp, vLLM
+        ({"prompt_tokens": 40, "total_tokens": 52}, 12, None),  # a total only
+        ({"completion_tokens": 30, "completion_tokens_details": {"reasoning_tokens": 20}}, 30, 20),  # OpenAI reasoning
+        ({"completion_tokens": None}, None, None),
+        ("absent", None, None),  # no usage at all
+    ],
+)
 def test_token_counts_from_the_usage_a_server_gives(server, tmp_path, usage, tokens, reasoning):
     server.usage = usage
     frame = generate_candidates(shard_tasks("a"), "g", gen_config(server), {}, SETTINGS, "cuda", 1)
@@ -341,8 +381,7 @@ def test_a_failing_request_keeps_the_answers_in_flight(server, tmp_path):
     server.bad_word = "BADTASK"
     server.script = [{"delay": 0.5}]  # the first request (task a) is slow
     with pytest.raises(RuntimeError, match="HTTP 400"):
-        generate_candidates(tasks, "g", gen_config(server, max_concurrency=2), {}, SETTINGS, "cuda", 1,
-                            checkpoint=ckpt)
+        generate_candidates(tasks, "g", gen_config(server, max_concurrency=2), {}, SETTINGS, "cuda", 1, checkpoint=ckpt)
     assert [json.loads(line)["task_id"] for line in ckpt.read_text().splitlines()[1:]] == ["t/a"]
 
 
@@ -354,8 +393,9 @@ def test_streamed_answers_are_gathered_with_usage(server, field):
     body = server.requests[0]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True} and body["n"] == 2
     assert [(g.response, g.reasoning, g.finish_reason, g.completion_tokens) for g in gens] == [
-        ("answer seed 7 choice 0", "a long thought", "stop", 5), ("answer seed 7 choice 1", "a long thought",
-                                                                   "length", 5)]
+        ("answer seed 7 choice 0", "a long thought", "stop", 5),
+        ("answer seed 7 choice 1", "a long thought", "length", 5),
+    ]
 
 
 def test_a_cut_off_stream_is_retried_and_idle_time_is_what_times_out(server):
@@ -383,7 +423,8 @@ def test_checkpoint_survives_a_new_server_address(server, tmp_path):
     assert checkpoint_fingerprint(a, SETTINGS, 2, "cuda", None) == checkpoint_fingerprint(b, SETTINGS, 2, "cuda", None)
     for changed in ({**a, "model": "other"}, {**a, "request_n": False}):
         assert checkpoint_fingerprint(changed, SETTINGS, 2, "cuda", None) != checkpoint_fingerprint(
-            a, SETTINGS, 2, "cuda", None)
+            a, SETTINGS, 2, "cuda", None
+        )
 
 
 def test_api_key_from_the_named_env_var(server, monkeypatch):
@@ -452,20 +493,28 @@ def test_run_writes_parquet_and_removes_checkpoint(server, tmp_path):
 
 
 def test_eval_generation_resumes_and_cleans_up(server, tmp_path):
-    from concur.evaluate import run_generation
+    from concur.synthesize import run_eval_generation
 
     tasks_path = tmp_path / "eval.parquet"
     shard_tasks("a", "b").to_parquet(tasks_path)
     out = tmp_path / "eval" / "base" / "candidates.parquet"
     settings = {**SETTINGS, "samples": 2}
-    kwargs = dict(tasks_path=tasks_path, adapter_dir=None, model_name="base", generator_name="g",
-                  generator=gen_config(server, max_concurrency=1, max_retries=0), model_specs={}, settings=settings,
-                  language="cuda", out_path=out)
+    kwargs = dict(
+        tasks_path=tasks_path,
+        adapter_dir=None,
+        model_name="base",
+        generator_name="g",
+        generator=gen_config(server, max_concurrency=1, max_retries=0),
+        model_specs={},
+        settings=settings,
+        language="cuda",
+        out_path=out,
+    )
     server.script = [200, 500]
     with pytest.raises(RuntimeError):
-        run_generation(**kwargs)  # the second task's request fails
+        run_eval_generation(**kwargs)  # the second task's request fails
     server.requests.clear()
-    run_generation(**kwargs)
+    run_eval_generation(**kwargs)
     assert len(pd.read_parquet(out)) == 4 and requested_tasks(server) == ["b"]
     assert not checkpoint_path(out).exists()
 
@@ -500,10 +549,17 @@ class FakeVLLM:
                 fake.chats.append((messages, sampling_params, lora_request))
                 if fake.fail_on_call == len(fake.chats):
                     raise RuntimeError("engine died")
-                return [RequestOutput([CompletionOutput(j, f"<think>r{j}</think>code {j}", [1] * (j + 2),
-                                                        "length" if j else "stop")
-                                       for j in reversed(range(sampling_params.n))])
-                        for _ in messages]
+                return [
+                    RequestOutput(
+                        [
+                            CompletionOutput(
+                                j, f"<think>r{j}</think>code {j}", [1] * (j + 2), "length" if j else "stop"
+                            )
+                            for j in reversed(range(sampling_params.n))
+                        ]
+                    )
+                    for _ in messages
+                ]
 
         class SamplingParams:
             def __init__(self, **kwargs):
@@ -546,11 +602,27 @@ def test_vllm_engine_sampling_and_lora(fake_vllm, tmp_path):
     adapter = write_adapter(tmp_path / "concur", 32)
     specs = {"m": {"path": "org/model", "dtype": "bfloat16"}}
     generator = {"backend": "vllm", "model": "m", "max_model_len": 4096}
-    frame = generate_candidates(shard_tasks("a", "b"), "g", generator, specs, {**SETTINGS, "gpus": 2}, "cuda", 3,
-                                adapter=adapter, checkpoint=tmp_path / "ck.jsonl")
-    assert fake_vllm.engine == {"model": "org/model", "tensor_parallel_size": 2, "dtype": "bfloat16", "seed": 7,
-                                "gpu_memory_utilization": 0.9, "max_model_len": 4096, "enable_lora": True,
-                                "max_lora_rank": 32}
+    frame = generate_candidates(
+        shard_tasks("a", "b"),
+        "g",
+        generator,
+        specs,
+        {**SETTINGS, "gpus": 2},
+        "cuda",
+        3,
+        adapter=adapter,
+        checkpoint=tmp_path / "ck.jsonl",
+    )
+    assert fake_vllm.engine == {
+        "model": "org/model",
+        "tensor_parallel_size": 2,
+        "dtype": "bfloat16",
+        "seed": 7,
+        "gpu_memory_utilization": 0.9,
+        "max_model_len": 4096,
+        "enable_lora": True,
+        "max_lora_rank": 32,
+    }
     ((messages, params, lora),) = fake_vllm.chats
     assert params.kwargs == {"n": 3, "temperature": 0.5, "top_p": 0.9, "max_tokens": 32, "seed": 7}
     assert [m[0]["role"] for m in messages] == ["user", "user"] and "# a" in messages[0][0]["content"]
@@ -559,8 +631,11 @@ def test_vllm_engine_sampling_and_lora(fake_vllm, tmp_path):
     first = frame[frame["task_id"] == "t/a"]
     assert list(first["sample_idx"]) == [0, 1, 2] and list(first["reasoning"]) == ["r0", "r1", "r2"]
     assert list(first["answer"]) == ["code 0", "code 1", "code 2"]
-    assert list(first["completion_tokens"]) == [2, 3, 4] and list(first["finish_reason"]) == ["stop", "length",
-                                                                                               "length"]
+    assert list(first["completion_tokens"]) == [2, 3, 4] and list(first["finish_reason"]) == [
+        "stop",
+        "length",
+        "length",
+    ]
 
 
 def test_vllm_without_adapter_and_explicit_tensor_parallel(fake_vllm, tmp_path):
@@ -591,8 +666,9 @@ def test_vllm_checkpoints_per_call_and_resumes(fake_vllm, tmp_path):
 
 def test_replay_resume_keeps_checkpointed_samples(tmp_path):
     path = tmp_path / "gen.jsonl"
-    path.write_text("".join(json.dumps({"task_id": "t/a", "sample_idx": i, "response": f"file {i}"}) + "\n"
-                            for i in range(3)))
+    path.write_text(
+        "".join(json.dumps({"task_id": "t/a", "sample_idx": i, "response": f"file {i}"}) + "\n" for i in range(3))
+    )
     ckpt = tmp_path / "ck.jsonl"
     backend = ReplayBackend(path)
     first = generate_resumable(backend, [Request("t/a", "p")], 2, ckpt, "fp")
@@ -632,13 +708,15 @@ def test_transformers_skips_checkpointed_samples_and_resumes(tmp_path):
     # left: t/1 sample 1, t/2 samples 0 and 1, in one batch; sample 0 for t/2 alone, without the batch's cache
     assert calls == [(["t/2"], 0, None, 1), (["t/1", "t/2"], 1, "cache of 2", 2)]
     assert sorted((g.task_id, g.sample_idx, g.seed) for g in gens) == [
-        (f"t/{i}", j, 7 + j) for i in range(3) for j in range(2)]
+        (f"t/{i}", j, 7 + j) for i in range(3) for j in range(2)
+    ]
 
 
 def test_generator_naming_an_unknown_model_is_one_clear_error(fake_vllm):
     with pytest.raises(ValueError, match=r"vllm generator: model 'nope' is not a `models` entry \(entries: m\)"):
-        generate_candidates(shard_tasks("a"), "g", {"backend": "vllm", "model": "nope"}, {"m": {"path": "x"}},
-                            SETTINGS, "cuda", 1)
+        generate_candidates(
+            shard_tasks("a"), "g", {"backend": "vllm", "model": "nope"}, {"m": {"path": "x"}}, SETTINGS, "cuda", 1
+        )
 
 
 def test_openai_generator_refuses_an_adapter(server, tmp_path):
@@ -662,10 +740,22 @@ def test_a_moved_server_reruns_no_finished_generation(server, tmp_path):
 
     def snakemake(*args, **generator):
         overlay = tmp_path / "overlay.yaml"
-        overlay.write_text(yaml.safe_dump({"results": str(results), "evaluate": {"baselines": ["served"]},
-                                           "generators": {"served": gen_config(server, **generator)}}))
-        proc = subprocess.run([sys.executable, "-m", "snakemake", target, "--cores", "1", *args, "--configfile",
-                               str(overlay)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        overlay.write_text(
+            yaml.safe_dump(
+                {
+                    "results": str(results),
+                    "evaluate": {"baselines": ["served"]},
+                    "generators": {"served": gen_config(server, **generator)},
+                }
+            )
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", "snakemake", target, "--cores", "1", *args, "--configfile", str(overlay)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout + proc.stderr
 

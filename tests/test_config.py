@@ -1,12 +1,10 @@
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
 
 from concur import config
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +26,12 @@ def test_default_config_is_valid_and_gets_defaults(default):
 def test_paper_config_is_valid():
     cfg = config.load(ROOT / "configs" / "paper.yaml")
     assert cfg["synthesize"]["samples_per_task"] == 5
-    assert cfg["train"]["lora"] == {"r": 32, "alpha": 32, "dropout": 0.05,
-                                    "target_modules": cfg["train"]["lora"]["target_modules"]}
+    assert cfg["train"]["lora"] == {
+        "r": 32,
+        "alpha": 32,
+        "dropout": 0.05,
+        "target_modules": cfg["train"]["lora"]["target_modules"],
+    }
     assert cfg["train"]["epochs"] == 3
     assert cfg["train"]["adapters"] == ["concur", "min", "max", "speedup", "random"]
     evaluate = cfg["evaluate"]
@@ -66,26 +68,44 @@ def test_a_baseline_can_be_the_difficulty_model(default):
     assert config.validate(cfg)["evaluate"]["baselines"] == ["other"]
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda c: c.update(verfy={}), "unknown key under <top level>"),
-    (lambda c: c["curate"].update(speedup_threshold="fast"), "curate.speedup_threshold: 'fast' is not of type 'number'"),
-    (lambda c: c["verify"].update(device="tpu"), "verify.device: 'tpu' is not one of"),
-    (lambda c: c["tasks"].update(shards=0), "tasks.shards: 0 is less than the minimum of 1"),
-    (lambda c: c["synthesize"].update(generator="nope"), "synthesize.generator 'nope' is not a generators entry"),
-    (lambda c: c["train"].update(base_model="nope"), "train.base_model 'nope' is not a models entry"),
-    (lambda c: c["train"].update(distributed="horovod"), "train.distributed: 'horovod' is not one of"),
-    (lambda c: c["train"].update(packing="yes"), "train.packing: 'yes' is not of type 'boolean'"),
-    (lambda c: c["train"].update(adapters=["concur", "min"]) or c["curate"].update(ablations=["max"]),
-     "need the matching curate.ablations"),
-    (lambda c: c["generators"]["demo-teacher"].pop("tokenizer"), "the replay backend needs 'tokenizer'"),
-    (lambda c: c["evaluate"].update(baselines=["nope"]), "evaluate.baselines: 'nope' is not a generators entry"),
-    (lambda c: c["evaluate"].update(baselines=["smollm2-135m"]), "is the base generator, already evaluated as 'base'"),
-    (lambda c: c["generators"].update(concur={"backend": "transformers", "model": "smollm2-135m"})
-     or c["evaluate"].update(baselines=["concur"]), "'concur' is also the name of an evaluated model"),
-    (lambda c: c["evaluate"].update(difficulty_model="min"),
-     "evaluate.difficulty_model 'min' is not an evaluated model"),
-    (lambda c: c["evaluate"].update(fast_p=[0, 2]), "evaluate.fast_p must include 1"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda c: c.update(verfy={}), "unknown key under <top level>"),
+        (
+            lambda c: c["curate"].update(speedup_threshold="fast"),
+            "curate.speedup_threshold: 'fast' is not of type 'number'",
+        ),
+        (lambda c: c["verify"].update(device="tpu"), "verify.device: 'tpu' is not one of"),
+        (lambda c: c["tasks"].update(shards=0), "tasks.shards: 0 is less than the minimum of 1"),
+        (lambda c: c["synthesize"].update(generator="nope"), "synthesize.generator 'nope' is not a generators entry"),
+        (lambda c: c["train"].update(base_model="nope"), "train.base_model 'nope' is not a models entry"),
+        (lambda c: c["train"].update(distributed="horovod"), "train.distributed: 'horovod' is not one of"),
+        (lambda c: c["train"].update(packing="yes"), "train.packing: 'yes' is not of type 'boolean'"),
+        (
+            lambda c: c["train"].update(adapters=["concur", "min"]) or c["curate"].update(ablations=["max"]),
+            "need the matching curate.ablations",
+        ),
+        (lambda c: c["generators"]["demo-teacher"].pop("tokenizer"), "the replay backend needs 'tokenizer'"),
+        (lambda c: c["evaluate"].update(baselines=["nope"]), "evaluate.baselines: 'nope' is not a generators entry"),
+        (
+            lambda c: c["evaluate"].update(baselines=["smollm2-135m"]),
+            "is the base generator, already evaluated as 'base'",
+        ),
+        (
+            lambda c: (
+                c["generators"].update(concur={"backend": "transformers", "model": "smollm2-135m"})
+                or c["evaluate"].update(baselines=["concur"])
+            ),
+            "'concur' is also the name of an evaluated model",
+        ),
+        (
+            lambda c: c["evaluate"].update(difficulty_model="min"),
+            "evaluate.difficulty_model 'min' is not an evaluated model",
+        ),
+        (lambda c: c["evaluate"].update(fast_p=[0, 2]), "evaluate.fast_p must include 1"),
+    ],
+)
 def test_bad_configs_fail_with_one_clear_line(default, mutate, message):
     bad = copy.deepcopy(default)
     mutate(bad)
@@ -100,3 +120,103 @@ def test_unreadable_config_file(tmp_path):
     path.write_text("tasks: [unclosed")
     with pytest.raises(config.ConfigError, match="broken.yaml: cannot read config"):
         config.load(path)
+
+
+SECTIONS = ("tasks", "synthesize", "verify", "curate", "train", "evaluate", "analyze")
+MINIMAL = {
+    "tasks": {"sources": [{"kind": "builtin", "path": "resources/suite"}]},
+    "models": {"m": {"path": "some/model"}},
+    "generators": {
+        "g": {"backend": "transformers", "model": "m"},
+        "served": {"backend": "openai", "base_url": "http://localhost:9/v1", "model": "x"},
+        "offline": {"backend": "vllm", "model": "m"},
+    },
+    "synthesize": {"generator": "g"},
+    "train": {"base_model": "m", "lora": {"r": 4}},
+    "evaluate": {"base_generator": "g"},
+}
+
+
+def test_the_workflow_and_the_python_api_fill_the_same_defaults():
+    """One source of truth: the packaged schema's defaults are what the Snakefile and `concur` (config.validate)
+    and every stage called from Python (config.with_defaults) fill in, nested objects and shared definitions
+    (`gpus`) included, and each generator backend gets only its own."""
+    validated = config.validate(MINIMAL)
+    for section in SECTIONS:
+        assert validated[section] == config.with_defaults(section, MINIMAL.get(section)), section
+    for name, entry in MINIMAL["generators"].items():
+        assert validated["generators"][name] == config.with_defaults("generator", entry), name
+    assert validated["train"]["lora"]["r"] == 4 and validated["train"]["lora"]["alpha"] == 32
+    assert {validated[s]["gpus"] for s in ("synthesize", "verify", "train", "evaluate")} == {0}
+    assert (
+        validated["generators"]["served"]["max_concurrency"] == 8
+        and "max_concurrency" not in validated["generators"]["offline"]
+    )
+    assert (
+        validated["generators"]["offline"]["prompts_per_call"] == 512
+        and "prompts_per_call" not in validated["generators"]["g"]
+    )
+    assert config.defaults("analyze") == {"bin_width": 512, "easy_below": 4000, "hard_above": 8500}
+    assert config.with_defaults("curate", {"seed": 3, "extra": 1}) == {
+        **config.defaults("curate"),
+        "seed": 3,
+        "extra": 1,
+    }
+
+
+def test_stages_called_from_python_use_the_schema_defaults():
+    """The stages themselves hold no default values of their own: what they fill in comes from the schema."""
+    import pandas as pd
+
+    from concur import curate, evaluate
+
+    verdicts = pd.DataFrame({"task_id": ["t"], "correct": [True], "speedup": [2.0]})
+    tasks = pd.DataFrame({"task_id": ["t"], "level": [1], "category": ["fused"]})
+    columns = evaluate.score({"m": verdicts}, tasks, {}).columns
+    defaults = config.defaults("evaluate")
+    assert [c for c in columns if c.startswith("pass@")] == [f"pass@{k}" for k in defaults["pass_k"]]
+    assert [c for c in columns if c.startswith("fast_") and "@" not in c] == [
+        evaluate.fast_name(p) for p in defaults["fast_p"]
+    ]
+    card = curate.curate(*_curate_tables(), {}).card
+    assert f"`single_op_share`: {config.defaults('curate')['single_op_share']}" in card
+
+
+def test_no_module_keeps_its_own_default_settings():
+    sources = (ROOT / "src" / "concur").rglob("*.py")
+    assert not [p.name for p in sources if "DEFAULT_SETTINGS" in p.read_text() or "DEFAULTS" in p.read_text()]
+
+
+def _curate_tables():
+    import pandas as pd
+
+    candidates = pd.DataFrame(
+        {
+            "candidate_id": ["c"],
+            "task_id": ["t"],
+            "generator": ["g"],
+            "prompt": ["p"],
+            "reasoning": ["r"],
+            "answer": ["a"],
+            "code": ["x"],
+            "reasoning_tokens": [3],
+        }
+    )
+    verdicts = pd.DataFrame({"candidate_id": ["c"], "task_id": ["t"], "correct": [True], "speedup": [2.0]})
+    tasks = pd.DataFrame({"task_id": ["t"], "name": ["n"], "category": ["fused"], "level": [2]})
+    return candidates, verdicts, tasks
+
+
+def test_transport_keys_are_openai_generator_keys():
+    """The keys left out of generation params and checkpoint fingerprints are keys of the schema's generator entry,
+    each with its openai default."""
+    from concur import workflow
+
+    served = config.with_defaults("generator", {"backend": "openai", "base_url": "http://h:8000/v1", "model": "m"})
+    assert set(workflow.TRANSPORT_KEYS) <= set(config.load_schema()["$defs"]["generator"]["properties"])
+    assert set(workflow.TRANSPORT_KEYS) - {"api_key_env"} <= set(served)
+    assert workflow.generator_params({"generators": {"s": served}}, "s") == {
+        "backend": "openai",
+        "model": "m",
+        "request_n": True,
+    }

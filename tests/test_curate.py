@@ -18,13 +18,13 @@ TASKS = [  # task_id, category, level
 # candidate_id, task_id, reasoning_tokens, correct, speedup
 ROWS = [
     ("a1", "t/a", 100, True, 2.0),
-    ("a2", "t/a", 50, True, 2.0),   # fastest (tied with a1) and shortest (tied with a3): the (a) pick
+    ("a2", "t/a", 50, True, 2.0),  # fastest (tied with a1) and shortest (tied with a3): the (a) pick
     ("a3", "t/a", 50, True, 1.0),
     ("a4", "t/a", 10, False, 0.0),  # shortest overall but incorrect: never eligible
     ("b1", "t/b", 100, True, 3.0),
-    ("b2", "t/b", 40, True, 1.5),   # shortest
+    ("b2", "t/b", 40, True, 1.5),  # shortest
     ("b3", "t/b", 200, True, 6.0),  # fastest: strict finds no kernel that is both; > 5 so high_speedup
-    ("c1", "t/c", 30, True, 1.0),   # c1 and c2 equal on both keys: smallest candidate_id wins
+    ("c1", "t/c", 30, True, 1.0),  # c1 and c2 equal on both keys: smallest candidate_id wins
     ("c2", "t/c", 30, True, 1.0),
     ("c3", "t/c", 20, False, 0.0),
     ("d1", "t/d", 500, True, 0.5),  # speed tie with d2, shorter: both rules pick d1
@@ -35,31 +35,68 @@ ROWS = [
 
 
 def make_tables(rows=ROWS, tasks=TASKS):
-    task_frame = pd.DataFrame({
-        "task_id": [t for t, _, _ in tasks], "split": "train", "suite": "builtin",
-        "level": [lv for _, _, lv in tasks], "name": [t.split("/")[1] + "_op" for t, _, _ in tasks],
-        "code": "", "category": [c for _, c, _ in tasks], "n_ops": 1, "origin": "test",
-    })
-    cands = pd.DataFrame({
-        "candidate_id": [r[0] for r in rows], "task_id": [r[1] for r in rows], "sample_idx": 0,
-        "generator": "gen", "backend": "replay", "prompt": [f"prompt {r[0]}" for r in rows],
-        "response": "", "reasoning": [f"think {r[0]}" for r in rows], "answer": [f"answer {r[0]}" for r in rows],
-        "code": "code", "reasoning_tokens": [r[2] for r in rows], "completion_tokens": 0,
-        "finish_reason": "replay", "seed": 0,
-    })
-    verdicts = pd.DataFrame({
-        "candidate_id": [r[0] for r in rows], "task_id": [r[1] for r in rows],
-        "status": ["correct" if r[3] else "incorrect" for r in rows], "reason": "",
-        "compiled": True, "correct": [r[3] for r in rows], "ref_ms": 1.0, "new_ms": 1.0,
-        "ref_median_ms": 1.0, "new_median_ms": 1.0, "speedup": [r[4] for r in rows], "max_abs_err": 0.0,
-        "device": "cpu", "verify_mode": "kernelbench", "compile_s": 0.0, "eval_s": 0.0,
-    })
+    task_frame = pd.DataFrame(
+        {
+            "task_id": [t for t, _, _ in tasks],
+            "split": "train",
+            "suite": "builtin",
+            "level": [lv for _, _, lv in tasks],
+            "name": [t.split("/")[1] + "_op" for t, _, _ in tasks],
+            "code": "",
+            "category": [c for _, c, _ in tasks],
+            "n_ops": 1,
+            "origin": "test",
+        }
+    )
+    cands = pd.DataFrame(
+        {
+            "candidate_id": [r[0] for r in rows],
+            "task_id": [r[1] for r in rows],
+            "sample_idx": 0,
+            "generator": "gen",
+            "backend": "replay",
+            "prompt": [f"prompt {r[0]}" for r in rows],
+            "response": "",
+            "reasoning": [f"think {r[0]}" for r in rows],
+            "answer": [f"answer {r[0]}" for r in rows],
+            "code": "code",
+            "reasoning_tokens": [r[2] for r in rows],
+            "completion_tokens": 0,
+            "finish_reason": "replay",
+            "seed": 0,
+        }
+    )
+    verdicts = pd.DataFrame(
+        {
+            "candidate_id": [r[0] for r in rows],
+            "task_id": [r[1] for r in rows],
+            "status": ["correct" if r[3] else "incorrect" for r in rows],
+            "reason": "",
+            "compiled": True,
+            "correct": [r[3] for r in rows],
+            "ref_ms": 1.0,
+            "new_ms": 1.0,
+            "ref_median_ms": 1.0,
+            "new_median_ms": 1.0,
+            "speedup": [r[4] for r in rows],
+            "max_abs_err": 0.0,
+            "device": "cpu",
+            "verify_mode": "kernelbench",
+            "compile_s": 0.0,
+            "eval_s": 0.0,
+        }
+    )
     return cands, verdicts, task_frame
 
 
 def settings(**over):
-    base = {"selection": "strict", "speedup_threshold": 5.0, "single_op_share": 0.5,
-            "ablations": ["min", "max", "speedup", "random"], "seed": 0}
+    base = {
+        "selection": "strict",
+        "speedup_threshold": 5.0,
+        "single_op_share": 0.5,
+        "ablations": ["min", "max", "speedup", "random"],
+        "seed": 0,
+    }
     return {**base, **over}
 
 
@@ -122,9 +159,9 @@ def test_ablation_orderings_and_sizes():
     # Dataset (share 0.6) has 5 rows; 12 correct candidates.
     out = curate(*make_tables(), settings(single_op_share=0.6))
     ids = {name: list(sub["candidate_id"]) for name, sub in out.subsets.items()}
-    assert ids["min"] == ["c1", "c2", "b2", "a2", "a3"]        # 30, 30, 40, 50, 50 tokens
-    assert ids["max"] == ["d2", "d1", "e2", "e1", "b3"]        # 600, 500, 400, 300, 200 tokens
-    assert ids["speedup"] == ["b3", "b1", "a1", "a2", "b2"]    # 6, 3, 2, 2, 1.5
+    assert ids["min"] == ["c1", "c2", "b2", "a2", "a3"]  # 30, 30, 40, 50, 50 tokens
+    assert ids["max"] == ["d2", "d1", "e2", "e1", "b3"]  # 600, 500, 400, 300, 200 tokens
+    assert ids["speedup"] == ["b3", "b1", "a1", "a2", "b2"]  # 6, 3, 2, 2, 1.5
     correct_ids = sorted(r[0] for r in ROWS if r[3])
     draw = np.random.default_rng(0).choice(len(correct_ids), size=5, replace=False)
     assert ids["random"] == [correct_ids[i] for i in draw]
@@ -146,12 +183,16 @@ def test_sft_records():
     out = curate(*make_tables(), settings())
     assert len(out.sft) == len(out.dataset)
     assert out.sft[0] == {
-        "candidate_id": "a2", "task_id": "t/a",
-        "messages": [{"role": "user", "content": "prompt a2"},
-                     {"role": "assistant", "content": "<think>\nthink a2\n</think>\n\nanswer a2"}],
+        "candidate_id": "a2",
+        "task_id": "t/a",
+        "messages": [
+            {"role": "user", "content": "prompt a2"},
+            {"role": "assistant", "content": "<think>\nthink a2\n</think>\n\nanswer a2"},
+        ],
     }
     assert sft_record({"candidate_id": "x", "task_id": "t", "prompt": "p", "reasoning": "", "answer": "A"}) == {
-        "candidate_id": "x", "task_id": "t",
+        "candidate_id": "x",
+        "task_id": "t",
         "messages": [{"role": "user", "content": "p"}, {"role": "assistant", "content": "<think>\n\n</think>\n\nA"}],
     }
 
@@ -213,6 +254,15 @@ def test_verdicts_on_degenerate_tasks_are_not_admitted():
     assert "t/b" in set(trusted.dataset["task_id"])
 
 
+def test_reduced_precision_kernels_are_admitted_only_when_allowed():
+    cands, verdicts, tasks = make_tables()
+    verdicts["flags"] = np.where(verdicts["task_id"] == "t/b", "audit:speedup>10,precision:bf16", "")
+    result = curate(cands, verdicts, tasks, settings())
+    assert "t/b" not in set(result.dataset["task_id"])
+    allowed = curate(cands, verdicts, tasks, {**settings(), "allow_reduced_precision": True})
+    assert "t/b" in set(allowed.dataset["task_id"])
+
+
 def reference_shortest_fastest(correct, selection):
     """Criterion (a) one task at a time, straight from its definition (the vectorised code must agree)."""
     chosen = []
@@ -234,10 +284,12 @@ def test_vectorised_selection_matches_the_per_task_definition(selection):
 
     rng = np.random.default_rng(7)
     n = 3000  # few distinct lengths and speedups, so ties (and NaN speedups) are common
-    correct = pd.DataFrame({
-        "candidate_id": [f"c{i:05d}" for i in rng.permutation(n)],
-        "task_id": [f"t/{i}" for i in rng.integers(0, 400, size=n)],
-        "reasoning_tokens": rng.integers(1, 6, size=n) * 100,
-        "speedup": np.where(rng.random(n) < 0.05, np.nan, rng.integers(1, 5, size=n) / 2),
-    })
+    correct = pd.DataFrame(
+        {
+            "candidate_id": [f"c{i:05d}" for i in rng.permutation(n)],
+            "task_id": [f"t/{i}" for i in rng.integers(0, 400, size=n)],
+            "reasoning_tokens": rng.integers(1, 6, size=n) * 100,
+            "speedup": np.where(rng.random(n) < 0.05, np.nan, rng.integers(1, 5, size=n) / 2),
+        }
+    )
     assert select_shortest_fastest(correct, selection) == reference_shortest_fastest(correct, selection)

@@ -3,7 +3,6 @@ of the benchmark itself goes through curation and analysis."""
 
 import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,8 +10,7 @@ import pytest
 
 from concur import contracts
 from concur.analyze import FIGURES
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +30,11 @@ def test_synthetic_tables_have_the_documented_shape(bench):
     assert (candidates["candidate_id"] == verdicts["candidate_id"]).all()
     tokens = candidates["reasoning_tokens"]
     assert tokens.min() >= 64 and tokens.max() == bench.MAX_TOKENS and 3000 < tokens.median() < 7000
-    assert 0.28 < verdicts["correct"].mean() < 0.40                           # about one in three correct
+    assert 0.28 < verdicts["correct"].mean() < 0.40  # about one in three correct
     ok = verdicts["correct"]
     assert (verdicts.loc[ok, "speedup"] > 0).all() and (verdicts.loc[~ok, "speedup"] == 0).all()
     log_speed = np.log(verdicts.loc[ok, "speedup"])
-    assert -0.4 < log_speed.median() < 0 and 0.5 < log_speed.std() < 0.9    # lognormal, median about 0.8
+    assert -0.4 < log_speed.median() < 0 and 0.5 < log_speed.std() < 0.9  # lognormal, median about 0.8
     assert (verdicts["status"] == "correct").equals(ok)
     shares = tasks["category"].value_counts(normalize=True)
     assert set(shares.index) == set(contracts.CATEGORIES) and abs(shares["fused"] - 0.5) < 0.05

@@ -12,11 +12,17 @@ import pandas as pd
 import pytest
 
 from concur import contracts
+from conftest import ROOT, shards
 
-ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "resources" / "demo" / "generations.jsonl"
-EXPECTED_STATUS = {"correct_fast": "correct", "correct_slow": "correct", "wrong_result": "incorrect",
-                   "compile_error": "compile_error", "torch_fallback": "rejected", "no_code": "no_code"}  # fmt: skip
+EXPECTED_STATUS = {
+    "correct_fast": "correct",
+    "correct_slow": "correct",
+    "wrong_result": "incorrect",
+    "compile_error": "compile_error",
+    "torch_fallback": "rejected",
+    "no_code": "no_code",
+}
 
 pytestmark = pytest.mark.slow
 
@@ -27,17 +33,16 @@ def results(demo_results) -> Path:
     return demo_results
 
 
-def shards(results: Path, kind: str) -> pd.DataFrame:
-    return pd.concat([pd.read_parquet(p) for p in sorted((results / kind / "demo-teacher").glob("shard-*.parquet"))])
-
-
 def demo_kinds() -> dict[tuple[str, int], str]:
     rows = [json.loads(line) for line in DEMO.read_text().splitlines() if line.strip()]
     return {(r["task_id"], r["sample_idx"]): r["demo_kind"] for r in rows}
 
 
 def test_tasks(results):
-    train, evals = pd.read_parquet(results / "tasks" / "train.parquet"), pd.read_parquet(results / "tasks" / "eval.parquet")
+    train, evals = (
+        pd.read_parquet(results / "tasks" / "train.parquet"),
+        pd.read_parquet(results / "tasks" / "eval.parquet"),
+    )
     assert len(train) >= 12 and len(evals) >= 8
     assert list(train.columns)[: len(contracts.TASKS)] == list(contracts.TASKS)
     assert {"single_op", "fused"} <= set(train["category"]) and set(evals["category"]) <= set(contracts.CATEGORIES)

@@ -124,8 +124,16 @@ def test_a_cache_that_cannot_be_written_costs_only_speed(tmp_path, caplog):
 def test_attention_implementation_comes_from_the_spec(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).save_pretrained(tmp_path)
     assert models.load_model({"path": str(tmp_path)}).config._attn_implementation == "sdpa"
     eager = models.load_model({"path": str(tmp_path), "attn_implementation": "eager"})
     assert eager.config._attn_implementation == "eager"

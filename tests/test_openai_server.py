@@ -51,16 +51,24 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
-EXPRS = {"relu": "torch.relu(x)", "sigmoid": "torch.sigmoid(x)", "double": "x * 2.0", "square": "x * x",
-         "tanh": "torch.tanh(x)"}
+EXPRS = {
+    "relu": "torch.relu(x)",
+    "sigmoid": "torch.sigmoid(x)",
+    "double": "x * 2.0",
+    "square": "x * x",
+    "tanh": "torch.tanh(x)",
+}
 
 
 def llama_cpp_or_skip() -> None:
     if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("llama-cpp-python is not installed: `make test` builds it from source; a failed build is "
-                    "logged in .venv/llama-cpp-build.log")
-    probe = subprocess.run([sys.executable, "-c", "import llama_cpp.server.app"], capture_output=True, text=True,
-                           timeout=300)
+        pytest.skip(
+            "llama-cpp-python is not installed: `make test` builds it from source; a failed build is "
+            "logged in .venv/llama-cpp-build.log"
+        )
+    probe = subprocess.run(
+        [sys.executable, "-c", "import llama_cpp.server.app"], capture_output=True, text=True, timeout=300
+    )
     if probe.returncode:
         last = (probe.stderr.strip().splitlines() or ["no message"])[-1]
         pytest.skip(f"llama-cpp-python's server cannot be imported: {last}")
@@ -104,10 +112,31 @@ class LlamaServer:
         self.log = self.folder / f"server-{self.starts}.log"
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", SERVED,
-                 "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(N_CTX), "--n_threads", "2",
-                 "--verbose", "false"],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+                [
+                    sys.executable,
+                    "-u",
+                    "-m",
+                    "llama_cpp.server",
+                    "--model",
+                    str(self.gguf),
+                    "--model_alias",
+                    SERVED,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--n_ctx",
+                    str(N_CTX),
+                    "--n_threads",
+                    "2",
+                    "--verbose",
+                    "false",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,
+            )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -156,8 +185,16 @@ def live(server):
 
 
 def generator(server, **extra) -> dict:
-    return {"backend": "openai", "base_url": server.url, "model": SERVED, "max_concurrency": 2, "max_retries": 2,
-            "backoff_s": 0.2, "request_timeout_s": 120, **extra}
+    return {
+        "backend": "openai",
+        "base_url": server.url,
+        "model": SERVED,
+        "max_concurrency": 2,
+        "max_retries": 2,
+        "backoff_s": 0.2,
+        "request_timeout_s": 120,
+        **extra,
+    }
 
 
 def job(tmp_path, names, gen: dict) -> tuple[dict, Path, Path]:
@@ -165,8 +202,14 @@ def job(tmp_path, names, gen: dict) -> tuple[dict, Path, Path]:
     tasks = tmp_path / "train.parquet"
     codes = [PROGRAM.format(expr=EXPRS[name]) if name in EXPRS else name for name in names]
     pd.DataFrame({"task_id": [f"t/{i}" for i in range(len(names))], "code": codes}).to_parquet(tasks)
-    settings = {"seed": 11, "temperature": 0.8, "top_p": 0.95, "max_new_tokens": MAX_NEW, "language": "cpp",
-                "samples_per_task": SAMPLES}
+    settings = {
+        "seed": 11,
+        "temperature": 0.8,
+        "top_p": 0.95,
+        "max_new_tokens": MAX_NEW,
+        "language": "cpp",
+        "samples_per_task": SAMPLES,
+    }
     config = {"synthesize": settings, "generators": {"served": gen}, "models": {}}
     return config, tasks, tmp_path / "candidates" / "shard-0.parquet"
 
@@ -193,7 +236,8 @@ def test_synthesize_through_the_served_model(live, tmp_path):
     assert not checkpoint_path(out).exists()
     assert len(frame) == 3 * SAMPLES and live.posts() - posts == 3 * SAMPLES  # one choice per request: n ignored
     assert sorted(zip(frame["task_id"], frame["sample_idx"], frame["seed"])) == [
-        (f"t/{t}", i, 11 + i) for t in range(3) for i in range(SAMPLES)]
+        (f"t/{t}", i, 11 + i) for t in range(3) for i in range(SAMPLES)
+    ]
     assert set(frame["backend"]) == {"openai"} and (frame["response"].str.len() > 0).all()
     assert set(frame["finish_reason"]) <= {"stop", "length"}
     assert frame.groupby("task_id")["response"].nunique().max() == SAMPLES  # each request its own seed
@@ -211,8 +255,9 @@ def test_wrong_model_name_or_unreachable_url_fails_in_one_line_before_any_work(l
     """The server answers any model name with its own model (the answer even echoes the name sent): only its model
     list shows the mistake. A checkpoint already there is left untouched."""
     body = {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    req = urllib.request.Request(live.url + "/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        live.url + "/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     answer = json.loads(urllib.request.urlopen(req, timeout=120).read())
     assert answer["model"] == "no-such-model" and answer["choices"][0]["message"]["content"]
 
@@ -222,11 +267,16 @@ def test_wrong_model_name_or_unreachable_url_fails_in_one_line_before_any_work(l
     posts = live.posts()
     with pytest.raises(RuntimeError) as info:
         run(str(tasks), 0, 1, "served", config, str(out))
-    assert str(info.value) == (f"{live.url}/models: the server does not serve model 'no-such-model' (it serves: "
-                               f"{SERVED}); set the generator's `model` to a served name")
+    assert str(info.value) == (
+        f"{live.url}/models: the server does not serve model 'no-such-model' (it serves: "
+        f"{SERVED}); set the generator's `model` to a served name"
+    )
     config["generators"]["served"] = generator(live, base_url=f"http://127.0.0.1:{free_port()}/v1", max_retries=1)
-    with pytest.raises(RuntimeError, match=r"/models: the list of served models failed after 2 attempts \(last: "
-                                           r"URLError: \[Errno 111\] Connection refused\)$") as info:
+    with pytest.raises(
+        RuntimeError,
+        match=r"/models: the list of served models failed after 2 attempts \(last: "
+        r"URLError: \[Errno 111\] Connection refused\)$",
+    ) as info:
         run(str(tasks), 0, 1, "served", config, str(out))
     assert "\n" not in str(info.value)
     assert live.posts() == posts and checkpoint_path(out).read_text() == "earlier work\n"
@@ -236,8 +286,9 @@ def test_job_resumes_after_the_server_is_killed_mid_run(live, tmp_path):
     """The server dies (SIGKILL) while the job runs: the job fails in one line after its retries, keeping what was
     answered; the server comes back elsewhere (another port, as a new `vllm serve` job would), the generator's
     base_url follows it, and the rerun asks only for the missing samples."""
-    config, tasks, out = job(tmp_path, ["relu", "sigmoid", "double", "square", "tanh"],
-                             generator(live, max_concurrency=1))
+    config, tasks, out = job(
+        tmp_path, ["relu", "sigmoid", "double", "square", "tanh"], generator(live, max_concurrency=1)
+    )
     failure: list[BaseException] = []
 
     def first_run():
@@ -285,7 +336,7 @@ def test_streaming_gathers_the_same_answer_and_a_killed_stream_is_cancelled(live
     """Streamed, a greedy answer is the same text as plain (the server's streams carry no usage: no count without a
     tokenizer). This server ends a stream with [DONE] mid-answer when another request comes in (its default
     `interrupt_requests`): the cut answer is an error, never a short candidate. A client killed mid-stream makes the
-    server stop that generation (a plain request it generates to its end: README, "What was not run here")."""
+    server stop that generation (a plain request it generates to its end: docs/validation.md)."""
     settings = {"seed": 5, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 24}
     requests = [Request("t/a", "Name three colours."), Request("t/b", "Say hello in French.")]
     plain, streamed = OpenAIBackend(generator(live), settings), OpenAIBackend(generator(live, stream=True), settings)
@@ -297,14 +348,19 @@ def test_streaming_gathers_the_same_answer_and_a_killed_stream_is_cancelled(live
     assert once.completion_tokens > 0 and again.completion_tokens is None
 
     backend = OpenAIBackend(generator(live, stream=True, max_retries=0), {**settings, "max_new_tokens": 64})
-    with pytest.raises(RuntimeError, match=r"failed after 1 attempts \(last: StreamError: the event stream ended "
-                                           r"\(\[DONE\]\) before choice 0 finished\)$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"failed after 1 attempts \(last: StreamError: the event stream ended "
+        r"\(\[DONE\]\) before choice 0 finished\)$",
+    ):
         list(backend.generate(requests, 1))
 
-    client = (f"from concur.backends import OpenAIBackend, Request\n"
-              f"g = {generator(live, stream=True)!r}\n"
-              f"s = {{'seed': 1, 'temperature': 1.0, 'top_p': 1.0, 'max_new_tokens': 600}}\n"
-              f"list(OpenAIBackend(g, s).generate([Request('t/long', 'Write a long story about a cat.')], 1))\n")
+    client = (
+        f"from concur.backends import OpenAIBackend, Request\n"
+        f"g = {generator(live, stream=True)!r}\n"
+        f"s = {{'seed': 1, 'temperature': 1.0, 'top_p': 1.0, 'max_new_tokens': 600}}\n"
+        f"list(OpenAIBackend(g, s).generate([Request('t/long', 'Write a long story about a cat.')], 1))\n"
+    )
     posts = live.posts()
     proc = subprocess.Popen([sys.executable, "-c", client])
     deadline = time.monotonic() + 60

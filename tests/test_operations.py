@@ -7,7 +7,6 @@ whose forward sleeps, so that verifying a shard takes seconds), in a private wor
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, job_counts, snakemake
+
 PROGRAM = """import torch
 import torch.nn as nn
 
@@ -51,21 +51,6 @@ class ModelNew(nn.Module):
 ```
 """
 N_PROGRAMS = 4
-
-
-def snakemake(*args, cwd=ROOT, check=True, timeout=600):
-    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def job_counts(output: str) -> dict[str, int]:
-    if "Job stats:" not in output:
-        return {}
-    table = output.split("Job stats:")[1].split("total")[0]
-    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
 
 
 # ------------------------------------------------------------------------------------------ partial runs (dry)
@@ -140,12 +125,19 @@ def workdir(tmp_path):
     (tmp_path / "generations.jsonl").write_text("".join(json.dumps(g) + "\n" for g in generations))
     overlay = {
         "tasks": {"sources": [{"kind": "folder", "path": str(programs)}], "shards": 2, "validate_run": False},
-        "generators": {"ops": {"backend": "replay", "path": str(tmp_path / "generations.jsonl"),
-                               "tokenizer": "smollm2-135m"}},
+        "generators": {
+            "ops": {"backend": "replay", "path": str(tmp_path / "generations.jsonl"), "tokenizer": "smollm2-135m"}
+        },
         "synthesize": {"generator": "ops", "samples_per_task": 1},
-        "verify": {"mode": "kernelbench", "workers": 1, "compile_threads": 1, "correctness_trials": 2,
-                   "warmup": 1, "timing_trials": 2},
-    }  # fmt: skip
+        "verify": {
+            "mode": "kernelbench",
+            "workers": 1,
+            "compile_threads": 1,
+            "correctness_trials": 2,
+            "warmup": 1,
+            "timing_trials": 2,
+        },
+    }
     (tmp_path / "ops.yaml").write_text(yaml.safe_dump(overlay))
     return tmp_path
 
@@ -159,8 +151,9 @@ def kill_during_verification(workdir: Path, sig: int, timeout_s: float = 240) ->
     """Start a run and kill its process group while one shard is verified and another is being verified;
     return the verified shard."""
     cmd = [sys.executable, "-m", "snakemake", *run_args(workdir)]
-    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     verified = workdir / "results" / "verified" / "ops"
     logs = workdir / "results" / "logs" / "verify" / "ops"
     deadline = time.monotonic() + timeout_s

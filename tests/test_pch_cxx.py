@@ -1,4 +1,4 @@
-"""concur.pch_cxx: which commands get the shared PCH, one PCH per flag set, and a plain compile when it is unusable.
+"""concur.verify.pch_cxx: which commands get the shared PCH, one PCH per flag set, a plain compile when unusable.
 
 The real torch header takes ~25 s to precompile, so the compile tests use a small stand-in `torch/extension.h`
 (templates included); a clang build through the verifier is covered by tests/test_verify.py.
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from concur import pch_cxx
-from concur.verify import build_cache_key, normalize_settings, resolve_host_compiler
+from concur.verify import normalize_settings, pch_cxx
+from concur.verify.compiling import cache_key as build_cache_key
+from concur.verify.settings import resolve_host_compiler
 
 NINJA_COMPILE = ["-MMD", "-MF", "main.o.d", "-DTORCH_EXTENSION_NAME=ext_7", "-DTORCH_API_INCLUDE_EXTENSION_H",
                  "-isystem", "/opt/torch/include", "-I/opt/extra", "-fPIC", "-std=c++20", "-O3",
@@ -58,13 +59,15 @@ def fake_torch(tmp_path: Path) -> Path:
     return include
 
 
-def compile_with_front(tmp_path: Path, include: Path, name: str, extra: list[str], env_pch: Path):
+def compile_with_front(tmp_path: Path, include: Path, name: str, extra: list[str], env_pch: Path, preexec=None):
     source = tmp_path / f"{name}.cpp"
     source.write_text(SOURCE)
     argv = [f"-DTORCH_EXTENSION_NAME={name}", "-isystem", str(include), "-fPIC", "-std=c++17", *extra,
             "-c", str(source), "-o", str(tmp_path / f"{name}.o")]  # fmt: skip
     env = {**os.environ, pch_cxx.PCH_DIR_ENV: str(env_pch), pch_cxx.REAL_CXX_ENV: "clang++"}
-    return subprocess.run([sys.executable, pch_cxx.__file__, *argv], env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, pch_cxx.__file__, *argv], env=env, capture_output=True, text=True, preexec_fn=preexec
+    )
 
 
 @needs_clang
@@ -88,6 +91,22 @@ def test_unusable_pch_falls_back_to_a_plain_compile(tmp_path):
     proc = compile_with_front(tmp_path, include, "ext_b", ["-O2"], pch_dir)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "ext_b.o").stat().st_size > 0 and pch.read_bytes() == b"not a precompiled header"
+
+
+@needs_clang
+def test_a_build_that_may_not_write_the_shared_folder_compiles_without_a_pch(tmp_path):
+    """A sandboxed candidate build reads the shared PCHs but cannot add one: it compiles the unit as it is."""
+    from concur.verify import sandbox
+
+    include, pch_dir = fake_torch(tmp_path), tmp_path / "pch"
+    pch_dir.mkdir()
+    if sandbox.landlock_abi() < 1:
+        pytest.skip("needs Landlock (the sandbox of a candidate's build)")
+    confine = lambda: sandbox.confine([str(tmp_path / "out")], [], [], devices=False)  # noqa: E731
+    (tmp_path / "out").mkdir()
+    proc = compile_with_front(tmp_path / "out", include, "ext_a", ["-O2"], pch_dir, preexec=confine)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "ext_a.o").stat().st_size > 0 and not list(pch_dir.iterdir())
 
 
 @needs_clang

@@ -5,7 +5,7 @@ import pytest
 
 from concur.prompts import LANGUAGES, build_prompt, example_answer
 
-TASK = '''import torch
+TASK = """import torch
 import torch.nn as nn
 
 
@@ -20,7 +20,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 
 
 def python_blocks(text: str) -> list[str]:

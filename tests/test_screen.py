@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from concur.screen import screen
+from concur.verify.screen import screen
 
 HEADER = """
 import torch
@@ -74,7 +74,9 @@ def test_kernel_reached_through_helpers_passes():
 
 
 def test_extension_built_in_init_passes():
-    source = HEADER.replace("ext = load_inline", "_unused = load_inline") + """
+    source = (
+        HEADER.replace("ext = load_inline", "_unused = load_inline")
+        + """
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
@@ -86,6 +88,7 @@ class ModelNew(nn.Module):
     def _run(self, x):
         return self.mod.f(x)
 """
+    )
     assert rules(source) == []
 
 
@@ -93,7 +96,10 @@ class ModelNew(nn.Module):
 
 
 def test_no_custom_kernel():
-    source = "import json\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return json.load(x)\n"
+    source = (
+        "import json\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+        "        return json.load(x)\n"
+    )
     assert rules(source) == ["no_custom_kernel"]
 
 
@@ -150,7 +156,8 @@ def test_forbidden_module(extra, name):
 
 
 @pytest.mark.parametrize(
-    "extra", ["import os\nos._exit(0)\n", "import sys\nsys.exit(1)\n", "exit()\n", "from os import _exit as bye\nbye(0)\n"]
+    "extra",
+    ["import os\nos._exit(0)\n", "import sys\nsys.exit(1)\n", "exit()\n", "from os import _exit as bye\nbye(0)\n"],
 )
 def test_process_exit(extra):
     assert rules(program("return ext.fused(x, y)", extra)) == ["process_exit"]
@@ -186,8 +193,11 @@ def test_unparsable_source_has_no_findings():
         ("import os\n", "os.system('true')\nreturn ext.fused(x, y)", "process_spawn"),
         ("import os\n", "os.execv('/bin/true', ['true'])\nreturn ext.fused(x, y)", "process_spawn"),
         ("import subprocess\n", "return ext.fused(x, y)", "forbidden_module:subprocess"),
-        ("", "s = torch.cuda.Stream()\nwith torch.cuda.stream(s):\n    out = ext.fused(x, y)\nreturn out",
-         "side_stream"),
+        (
+            "",
+            "s = torch.cuda.Stream()\nwith torch.cuda.stream(s):\n    out = ext.fused(x, y)\nreturn out",
+            "side_stream",
+        ),
         ("", "torch.allclose = lambda *a, **k: True\nreturn ext.fused(x, y)", "monkeypatch"),
         ("import time\n", "setattr(time, 'perf_counter', lambda: 0.0)\nreturn ext.fused(x, y)", "monkeypatch"),
         ("", "torch.cuda.Event.elapsed_time = lambda self, other: 0.001\nreturn ext.fused(x, y)", "monkeypatch"),

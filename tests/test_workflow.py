@@ -10,27 +10,22 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-
-
-def snakemake(*args, cwd=ROOT, check=True, env=None):
-    proc = subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env=None if env is None else {**os.environ, **env})
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def job_counts(output: str) -> dict[str, int]:
-    table = output.split("Job stats:")[1].split("total")[0]
-    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
-
+from conftest import ROOT, job_counts, snakemake
 
 DEFAULT_JOBS = {
-    "all": 1, "tasks": 1, "synthesize": 2, "compile": 2, "verify": 2, "curate": 1, "train": 1,
-    "eval_generate": 2, "eval_compile": 2, "eval_verify": 2, "eval_score": 1, "analyze": 1,
-}  # fmt: skip
+    "all": 1,
+    "tasks": 1,
+    "synthesize": 2,
+    "compile": 2,
+    "verify": 2,
+    "curate": 1,
+    "train": 1,
+    "eval_generate": 2,
+    "eval_compile": 2,
+    "eval_verify": 2,
+    "eval_score": 1,
+    "analyze": 1,
+}
 
 
 def test_dry_run_lists_every_job_of_the_default_config(tmp_path):
@@ -81,25 +76,31 @@ MODELS = {"base", "concur", "min", "max", "speedup", "random", "served", "replay
 def test_dry_run_with_every_adapter_and_baselines(tmp_path):
     overlay = tmp_path / "ablations.yaml"
     overlay.write_text(ABLATIONS_AND_BASELINES)
-    out = snakemake("-n", "--configfile", str(overlay), "--config", f"results={tmp_path}/results",
-                    env={"CONCUR_TEST_BASELINE_KEY": "not-a-key"}).stdout
+    out = snakemake(
+        "-n",
+        "--configfile",
+        str(overlay),
+        "--config",
+        f"results={tmp_path}/results",
+        env={"CONCUR_TEST_BASELINE_KEY": "not-a-key"},
+    ).stdout
     counts = job_counts(out)
     assert counts["train"] == 5
-    assert counts["eval_generate"] == counts["eval_compile"] == counts["eval_verify"] == 8   # base, 5 adapters, 2
+    assert counts["eval_generate"] == counts["eval_compile"] == counts["eval_verify"] == 8  # base, 5 adapters, 2
     assert counts["eval_score"] == counts["analyze"] == 1
-    assert {j["wildcards"] for j in jobs(out, "train")} == {f"adapter={a}" for a in
-                                                            ("concur", "min", "max", "speedup", "random")}
+    assert {j["wildcards"] for j in jobs(out, "train")} == {
+        f"adapter={a}" for a in ("concur", "min", "max", "speedup", "random")
+    }
     generate = {j["wildcards"].removeprefix("model="): j for j in jobs(out, "eval_generate")}
     assert set(generate) == MODELS
-    for adapter in ("concur", "min", "max", "speedup", "random"):   # an adapter model is trained first
+    for adapter in ("concur", "min", "max", "speedup", "random"):  # an adapter model is trained first
         assert f"{tmp_path}/results/adapters/{adapter}" in generate[adapter]["input"]
     assert "adapters" not in generate["served"]["input"] and "adapters" not in generate["base"]["input"]
     assert "resources/demo/generations.jsonl" in generate["replayed"]["input"]
     (score,) = jobs(out, "eval_score")
     assert {m for m in MODELS if f"eval/{m}/verified.parquet" in score["input"]} == MODELS
-    assert "eval/base/candidates.parquet" in score["input"]   # the difficulty model's generations
-    assert all(f"eval/{name}" in score["output"] for name in ("scores.csv", "table.csv", "table.md",
-                                                               "difficulty.csv"))
+    assert "eval/base/candidates.parquet" in score["input"]  # the difficulty model's generations
+    assert all(f"eval/{name}" in score["output"] for name in ("scores.csv", "table.csv", "table.md", "difficulty.csv"))
     (analyze,) = jobs(out, "analyze")
     assert "eval/scores.csv" in analyze["input"]
 
@@ -108,24 +109,40 @@ def test_baseline_api_key_must_be_set(tmp_path):
     overlay = tmp_path / "ablations.yaml"
     overlay.write_text(ABLATIONS_AND_BASELINES)
     env = {k: v for k, v in os.environ.items() if k != "CONCUR_TEST_BASELINE_KEY"}
-    proc = subprocess.run([*SNAKEMAKE, "-n", "--configfile", str(overlay)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--configfile", str(overlay)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode != 0 and "CONCUR_TEST_BASELINE_KEY" in proc.stdout + proc.stderr
 
 
 def test_paper_config_plans_every_stage(tmp_path):
     # the paper's config with a served baseline (its commented example): GPUs for the local models only
     overlay = tmp_path / "baseline.yaml"
-    overlay.write_text("generators:\n  served:\n    backend: openai\n    base_url: http://localhost:9/v1\n"
-                       "    model: served-model\nevaluate:\n  baselines: [served]\n")
-    out = snakemake("-n", "--configfile", "configs/paper.yaml", str(overlay), "--config",
-                    f"results={tmp_path}/paper").stdout
+    overlay.write_text(
+        "generators:\n  served:\n    backend: openai\n    base_url: http://localhost:9/v1\n"
+        "    model: served-model\nevaluate:\n  baselines: [served]\n"
+    )
+    out = snakemake(
+        "-n", "--configfile", "configs/paper.yaml", str(overlay), "--config", f"results={tmp_path}/paper"
+    ).stdout
     counts = job_counts(out)
     assert counts["synthesize"] == counts["compile"] == counts["verify"] == 64
     assert counts["train"] == 5 and counts["eval_generate"] == counts["eval_verify"] == 7
     gpus = {j["wildcards"]: re.search(r"\bgpu=(\d+)", j["resources"])[1] for j in jobs(out, "eval_generate")}
-    assert gpus == {"model=base": "4", "model=concur": "4", "model=min": "4", "model=max": "4",
-                    "model=speedup": "4", "model=random": "4", "model=served": "0"}
+    assert gpus == {
+        "model=base": "4",
+        "model=concur": "4",
+        "model=min": "4",
+        "model=max": "4",
+        "model=speedup": "4",
+        "model=random": "4",
+        "model=served": "0",
+    }
 
 
 def test_bad_config_stops_with_one_clear_line(tmp_path):
@@ -142,9 +159,32 @@ def test_lint_is_clean():
 
 
 # the commands of Debian's slurm-client, slurmctld, slurmd and munge packages
-SLURM_COMMANDS = {"sacct", "sacctmgr", "salloc", "sattach", "sbatch", "sbcast", "scancel", "scontrol", "sdiag", "sinfo",
-                  "sprio", "squeue", "sreport", "srun", "sshare", "sstat", "strigger", "slurmctld", "slurmd",
-                  "slurmstepd", "munge", "munged", "remunge", "unmunge"}  # fmt: skip
+SLURM_COMMANDS = {
+    "sacct",
+    "sacctmgr",
+    "salloc",
+    "sattach",
+    "sbatch",
+    "sbcast",
+    "scancel",
+    "scontrol",
+    "sdiag",
+    "sinfo",
+    "sprio",
+    "squeue",
+    "sreport",
+    "srun",
+    "sshare",
+    "sstat",
+    "strigger",
+    "slurmctld",
+    "slurmd",
+    "slurmstepd",
+    "munge",
+    "munged",
+    "remunge",
+    "unmunge",
+}
 GPU_RULES = {"synthesize", "verify", "train", "eval_generate", "eval_verify"}
 
 
@@ -177,8 +217,16 @@ def test_slurm_profile_plans_the_workflow_without_slurm(tmp_path):
     for the GPUs of its config section (one each with the SLURM test's overlay), and the groups are formed."""
     path = path_without_slurm(tmp_path / "bin")
     assert not any(shutil.which(command, path=path) for command in ("sbatch", "sinfo", "squeue", "sacct"))
-    proc = snakemake("-n", "--profile", "slurm", "--configfile", "tests/slurm/gpus.yaml", "--config",
-                     f"results={tmp_path}/results", env={"PATH": path})  # fmt: skip
+    proc = snakemake(
+        "-n",
+        "--profile",
+        "slurm",
+        "--configfile",
+        "tests/slurm/gpus.yaml",
+        "--config",
+        f"results={tmp_path}/results",
+        env={"PATH": path},
+    )
     assert "Using profile slurm" in proc.stdout + proc.stderr
     assert job_counts(proc.stdout) == DEFAULT_JOBS
     resources = job_resources(proc.stdout)
@@ -201,13 +249,11 @@ def test_graphs_render_to_svg(graph, tmp_path):
     assert "curate" in svg and "verify" in svg
 
 
-
-def test_scoring_and_analysis_rules_run_on_prepared_inputs(tmp_path):
-    """eval_score and analyze run through Snakemake (scripts, params, outputs) on tables written here in the
+@pytest.fixture(scope="module")
+def prepared_run(tmp_path_factory):
+    """curate, eval_score and analyze run through Snakemake (scripts, params, outputs) on tables written here in the
     contracts' shapes: a synthetic synthesis run (benchmarks/curate_scale.py) and two models' eval verdicts."""
     import importlib.util
-
-    import pandas as pd
 
     from concur.io import write_parquet
     from concur.tasks import shard_of
@@ -215,11 +261,12 @@ def test_scoring_and_analysis_rules_run_on_prepared_inputs(tmp_path):
     spec = importlib.util.spec_from_file_location("curate_scale", ROOT / "benchmarks" / "curate_scale.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    tmp_path = tmp_path_factory.mktemp("prepared")
     res = tmp_path / "results"
     candidates, verdicts, tasks = bench.synthetic_tables(60, 5)
     candidates["generator"] = "demo-teacher"
     for i in range(2):  # the default config's two shards of its teacher
-        keep = candidates["task_id"].map(lambda t: shard_of(t, 2) == i).to_numpy()
+        keep = (candidates["task_id"].map(lambda t: shard_of(t, 2)) == i).to_numpy()
         write_parquet(candidates[keep], res / "candidates" / "demo-teacher" / f"shard-{i}.parquet")
         write_parquet(verdicts[keep], res / "verified" / "demo-teacher" / f"shard-{i}.parquet")
     write_parquet(tasks, res / "tasks" / "train.parquet")
@@ -227,17 +274,39 @@ def test_scoring_and_analysis_rules_run_on_prepared_inputs(tmp_path):
     write_parquet(eval_tasks.assign(split="eval", level=[1, 1, 1, 2, 2, 2, 2, 3]), res / "tasks" / "eval.parquet")
     for model, flip in (("base", False), ("concur", True)):
         write_parquet(eval_candidates, res / "eval" / model / "candidates.parquet")
-        write_parquet(eval_verdicts.assign(correct=eval_verdicts["correct"] ^ flip),
-                      res / "eval" / model / "verified.parquet")
+        write_parquet(
+            eval_verdicts.assign(correct=eval_verdicts["correct"] ^ flip), res / "eval" / model / "verified.parquet"
+        )
 
-    snakemake("-s", str(ROOT / "Snakefile"), "--configfile", str(ROOT / "config.yaml"), "--cores", "1",
-              "--config", f"results={res}", "--allowed-rules", "eval_score", "analyze", "--",
-              str(res / "eval" / "table.md"), str(res / "analysis" / "summary.json"), cwd=tmp_path)
+    snakemake(
+        "-s",
+        str(ROOT / "Snakefile"),
+        "--configfile",
+        str(ROOT / "config.yaml"),
+        "--cores",
+        "1",
+        "--config",
+        f"results={res}",
+        "--allowed-rules",
+        "curate",
+        "eval_score",
+        "analyze",
+        "--",
+        str(res / "dataset" / "concur.parquet"),
+        str(res / "eval" / "table.md"),
+        str(res / "analysis" / "summary.json"),
+        cwd=tmp_path,
+    )
+    return res, verdicts, eval_verdicts
 
+
+def test_scoring_and_analysis_rules_run_on_prepared_inputs(prepared_run):
+    import pandas as pd
+
+    res, verdicts, eval_verdicts = prepared_run
     table = pd.read_csv(res / "eval" / "table.csv")
     assert list(table["model"]) == ["base", "concur"] and list(table["kind"]) == ["base", "adapter"]
-    assert [c for c in table.columns if c.startswith("L1_")] == ["L1_exec@1", "L1_exec@2", "L1_fast_1@1",
-                                                                 "L1_fast_1@2"]
+    assert [c for c in table.columns if c.startswith("L1_")] == ["L1_exec@1", "L1_exec@2", "L1_fast_1@1", "L1_fast_1@2"]
     scores = pd.read_csv(res / "eval" / "scores.csv", dtype={"group": str})
     overall = scores[scores["scope"] == "overall"].set_index("model")
     assert overall.loc["base", "exec"] == pytest.approx(eval_verdicts["correct"].mean())
@@ -250,3 +319,90 @@ def test_scoring_and_analysis_rules_run_on_prepared_inputs(tmp_path):
     summary = json.loads((res / "analysis" / "summary.json").read_text())
     assert summary["n_candidates"] == 300 and summary["n_correct"] == int(verdicts["correct"].sum())
     assert len(summary["eval_scores"]) == 2 and len(list((res / "figures").glob("*.png"))) == 8
+
+
+def test_the_command_line_writes_what_the_rules_write(prepared_run, tmp_path, capfd):
+    """`concur curate`, `eval-score` and `analyze` on the same inputs write the same files as their rules, and log
+    the summary lines the rules' logs hold."""
+    import pandas as pd
+
+    from concur.cli import main
+
+    res, _, _ = prepared_run
+    cli = tmp_path / "cli"
+    shards = [
+        str(res / kind / "demo-teacher" / f"shard-{i}.parquet") for kind in ("candidates", "verified") for i in range(2)
+    ]
+    config = ["--config", str(ROOT / "config.yaml")]
+    assert (
+        main(
+            [
+                "curate",
+                *config,
+                "--candidates",
+                *shards[:2],
+                "--verified",
+                *shards[2:],
+                "--tasks",
+                str(res / "tasks" / "train.parquet"),
+                "--out-dir",
+                str(cli / "dataset"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "eval-score",
+                *config,
+                "--verified",
+                *(f"{m}={res / 'eval' / m / 'verified.parquet'}" for m in ("base", "concur")),
+                "--tasks",
+                str(res / "tasks" / "eval.parquet"),
+                "--difficulty",
+                str(res / "eval" / "base" / "candidates.parquet"),
+                "--out-dir",
+                str(cli / "eval"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "analyze",
+                *config,
+                "--candidates",
+                *shards[:2],
+                "--verified",
+                *shards[2:],
+                "--tasks",
+                str(res / "tasks" / "train.parquet"),
+                "--scores",
+                str(res / "eval" / "scores.csv"),
+                "--out-dir",
+                str(cli),
+            ]
+        )
+        == 0
+    )
+    stderr = capfd.readouterr().err
+
+    written = sorted(p.relative_to(cli).as_posix() for p in cli.rglob("*") if p.is_file())
+    assert written == sorted(
+        p.relative_to(res).as_posix()
+        for p in res.rglob("*")
+        if p.is_file()
+        and p.relative_to(res).parts[0] in ("dataset", "analysis", "figures")
+        or p.relative_to(res).as_posix().startswith("eval/")
+        and p.suffix in (".csv", ".md")
+    )
+    for name in written:
+        if name.endswith(".parquet"):
+            pd.testing.assert_frame_equal(pd.read_parquet(cli / name), pd.read_parquet(res / name))
+        elif not name.endswith(".png"):
+            assert (cli / name).read_text() == (res / name).read_text(), name
+    for stage, log in (("curate", "curate"), ("eval scores", "eval/score"), ("analyze", "analyze")):
+        line = next(line for line in (res / "logs" / f"{log}.log").read_text().splitlines() if f" {stage}" in line)
+        assert line.split(": ", 1)[1].replace(str(res), str(cli)) in stderr, line

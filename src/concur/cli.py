@@ -1,4 +1,9 @@
-"""`concur`: every stage of the workflow from the command line, with the same code the Snakemake scripts call."""
+"""`concur`: every stage of the workflow from the command line, with the code and the settings its rule uses.
+
+Each subcommand reads the config (validated, defaults filled in), writes what its rule writes (reports included)
+and logs the same progress and summary lines to stderr; outputs go where the workflow puts them under the config's
+`results` folder unless given.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,19 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 from . import config as config_mod
+from . import workflow
+from .logs import logging_to
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args) or 0
+        with logging_to(None):
+            return args.func(args) or 0
     except (ValueError, FileNotFoundError) as err:  # bad input: one line, no traceback
         print(f"concur {args.command}: {err}", file=sys.stderr)
         return 2
@@ -29,13 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.set_defaults(func=_validate_config)
 
-    p = sub.add_parser("tasks", help="build results/tasks/{train,eval}.parquet from the config's task sources")
-    _config_arg(p)
-    p.add_argument("--out-dir", default="results/tasks")
+    p = _stage(sub, "tasks", "the tasks tables and their reports (rejected, unchecked, contamination)")
+    p.add_argument("--out-dir", help="folder of the five outputs (default: <results>/tasks)")
+    p.add_argument("--workers", type=int, help="reference runs at once (default: tasks.workers)")
     p.set_defaults(func=_tasks)
 
-    p = sub.add_parser("synthesize", help="generate candidates for one shard of the training tasks")
-    _config_arg(p)
+    p = _stage(sub, "synthesize", "generate candidates for one shard of the training tasks")
     p.add_argument("--tasks", required=True)
     p.add_argument("--generator", help="generators entry (default: synthesize.generator)")
     p.add_argument("--shard", type=int, default=0)
@@ -43,27 +51,70 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=_synthesize)
 
-    p = sub.add_parser("verify", help="verify a candidates table (batch, as the workflow does)")
-    _config_arg(p)
+    p = _stage(sub, "compile", "build a candidates table's extensions into the build cache (a CPU job)")
+    p.add_argument("--candidates", required=True)
+    p.add_argument("--out", required=True, help="the builds table")
+    p.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one)")
+    _verify_overrides(p)
+    p.set_defaults(func=_compile)
+
+    p = _stage(sub, "verify", "verify a candidates table (batch, as the workflow does)")
     p.add_argument("--candidates", required=True)
     p.add_argument("--tasks", required=True)
+    p.add_argument("--builds", help="the compile step's builds table (default: build while verifying)")
     p.add_argument("--out", required=True)
     p.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one)")
     _verify_overrides(p)
     p.set_defaults(func=_verify)
 
-    p = sub.add_parser("verify-one", help="verify one solution against one reference program; prints JSON")
-    _config_arg(p)
+    p = _stage(sub, "verify-one", "verify one solution against one reference program; prints JSON")
     p.add_argument("--reference", required=True, help="program with Model, get_inputs, get_init_inputs")
     p.add_argument("--solution", required=True, help="program with ModelNew")
     p.add_argument("--workdir", default=None)
     _verify_overrides(p)
     p.set_defaults(func=_verify_one)
+
+    p = _stage(sub, "curate", "the ConCuR dataset, its SFT records, card and ablation subsets")
+    p.add_argument("--candidates", nargs="+", required=True)
+    p.add_argument("--verified", nargs="+", required=True)
+    p.add_argument("--tasks", required=True)
+    p.add_argument("--out-dir", help="default: <results>/dataset")
+    p.set_defaults(func=_curate)
+
+    p = _stage(sub, "train", "a LoRA adapter on a curated table")
+    p.add_argument("--dataset", required=True, help="dataset/concur.parquet or an ablation subset")
+    p.add_argument("--out-dir", required=True, help="the adapter folder, e.g. results/adapters/concur")
+    p.add_argument("--figure", help="a copy of the loss figure (the rule's figures/train_loss_{adapter}.png)")
+    p.set_defaults(func=_train)
+
+    p = _stage(sub, "eval-generate", "one evaluated model answers every eval task")
+    p.add_argument("--tasks", required=True, help="tasks/eval.parquet")
+    p.add_argument("--model", required=True, help="base, a train.adapters entry or an evaluate.baselines entry")
+    p.add_argument("--adapter", help="the adapter folder of an adapter model (default: <results>/adapters/<model>)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_eval_generate)
+
+    p = _stage(sub, "eval-score", "scores, the results table and the eval tasks' difficulty")
+    p.add_argument("--verified", nargs="+", required=True, metavar="MODEL=PATH", help="each model's verdicts")
+    p.add_argument("--tasks", required=True, help="tasks/eval.parquet")
+    p.add_argument("--difficulty", required=True, help="the difficulty model's eval candidates")
+    p.add_argument("--out-dir", help="default: <results>/eval")
+    p.set_defaults(func=_eval_score)
+
+    p = _stage(sub, "analyze", "the paper's analysis of a synthesis run: summary.json and the figures")
+    p.add_argument("--candidates", nargs="+", required=True)
+    p.add_argument("--verified", nargs="+", required=True)
+    p.add_argument("--tasks", required=True)
+    p.add_argument("--scores", help="eval/scores.csv (without: placeholders in the evaluation figures)")
+    p.add_argument("--out-dir", help="gets analysis/summary.json and figures/ (default: <results>)")
+    p.set_defaults(func=_analyze)
     return parser
 
 
-def _config_arg(p: argparse.ArgumentParser) -> None:
+def _stage(sub, name: str, help_text: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_text)
     p.add_argument("--config", default="config.yaml", help="workflow config (default: config.yaml)")
+    return p
 
 
 def _verify_overrides(p: argparse.ArgumentParser) -> None:
@@ -76,10 +127,12 @@ def _load(args) -> dict:
     return config_mod.load(args.config)
 
 
-def _verify_settings(args) -> dict:
-    settings = dict(_load(args)["verify"])
-    settings.update({k: v for k in ("device", "mode", "timeout_s") if (v := getattr(args, k)) is not None})
-    return settings
+def _overridden(settings: dict, args) -> dict:
+    return {**settings, **{k: v for k in ("device", "mode", "timeout_s") if (v := getattr(args, k)) is not None}}
+
+
+def _out_dir(args, cfg: dict, *default: str) -> Path:
+    return Path(args.out_dir or workflow.results_path(cfg, *default))
 
 
 def _validate_config(args) -> None:
@@ -87,10 +140,12 @@ def _validate_config(args) -> None:
 
 
 def _tasks(args) -> None:
-    from .tasks import run
+    from .tasks import OUTPUTS, run
 
-    out = Path(args.out_dir)
-    run(_load(args)["tasks"]["sources"], {split: out / f"{split}.parquet" for split in ("train", "eval")})
+    cfg = _load(args)
+    out = _out_dir(args, cfg, "tasks")
+    paths = {name: out / (f"{name}.parquet" if name in ("train", "eval") else f"{name}.csv") for name in OUTPUTS}
+    run(cfg["tasks"]["sources"], paths, workflow.tasks_settings(cfg), workers=args.workers or cfg["tasks"]["workers"])
 
 
 def _synthesize(args) -> None:
@@ -100,11 +155,20 @@ def _synthesize(args) -> None:
     run(args.tasks, args.shard, args.shards, args.generator or cfg["synthesize"]["generator"], cfg, args.out)
 
 
+def _compile(args) -> None:
+    from .verify import compile_run
+
+    settings = _overridden(workflow.compile_settings(_load(args)), args)
+    with _workdir(args.workdir) as workdir:
+        compile_run(args.candidates, settings, workdir, args.out)
+
+
 def _verify(args) -> None:
     from .verify import run
 
+    settings = _overridden(workflow.verify_settings(_load(args)), args)
     with _workdir(args.workdir) as workdir:
-        run(args.candidates, args.tasks, _verify_settings(args), workdir, args.out)
+        run(args.candidates, args.tasks, settings, workdir, args.out, builds_path=args.builds)
 
 
 def _verify_one(args) -> None:
@@ -112,10 +176,77 @@ def _verify_one(args) -> None:
 
     reference, solution = Path(args.reference).read_text(), Path(args.solution).read_text()
     with _workdir(args.workdir) as workdir:
-        verdict = verify_one(reference, solution, _verify_settings(args), Path(workdir))
+        verdict = verify_one(reference, solution, _overridden(_load(args)["verify"], args), Path(workdir))
     # strict JSON for the tools users pipe this into: NaN (not measured) becomes null
     clean = {k: None if isinstance(v, float) and v != v else v for k, v in verdict.items()}
     print(json.dumps(clean, indent=2, default=str))
+
+
+def _curate(args) -> None:
+    from .curate import run
+
+    cfg = _load(args)
+    out = _out_dir(args, cfg, "dataset")
+    outputs = SimpleNamespace(
+        dataset=out / "concur.parquet",
+        sft=out / "concur_sft.jsonl",
+        card=out / "card.md",
+        subsets=[out / "subsets" / f"{name}.parquet" for name in cfg["curate"]["ablations"]],
+    )
+    run(args.candidates, args.verified, args.tasks, cfg["curate"], outputs)
+
+
+def _train(args) -> None:
+    from .train import run
+
+    cfg = _load(args)
+    model = cfg["models"][cfg["train"]["base_model"]]
+    configs = Path(__file__).resolve().parents[2] / "configs" / "accelerate"
+    run(args.dataset, model, cfg["train"], args.out_dir, figure_path=args.figure, accelerate_configs=configs)
+
+
+def _eval_generate(args) -> None:
+    from .synthesize import run_eval_generation
+
+    cfg = _load(args)
+    if args.model not in workflow.eval_models(cfg):
+        raise ValueError(f"{args.model!r} is not an evaluated model ({', '.join(workflow.eval_models(cfg))})")
+    adapter = None
+    if args.model in cfg["train"]["adapters"]:
+        adapter = args.adapter or workflow.results_path(cfg, "adapters", args.model)
+    name = workflow.eval_generator_name(cfg, args.model)
+    settings = workflow.eval_generation_settings(cfg)
+    language = cfg["synthesize"]["language"]
+    generator = cfg["generators"][name]
+    run_eval_generation(args.tasks, adapter, args.model, name, generator, cfg["models"], settings, language, args.out)
+
+
+def _eval_score(args) -> None:
+    from .evaluate import run_scoring
+
+    cfg = _load(args)
+    verified = dict(item.split("=", 1) for item in args.verified)
+    out = _out_dir(args, cfg, "eval")
+    outputs = SimpleNamespace(
+        csv=out / "scores.csv",
+        table_csv=out / "table.csv",
+        table_md=out / "table.md",
+        difficulty=out / "difficulty.csv",
+    )
+    info = workflow.eval_model_info(cfg)
+    models = {model: info.get(model, {"kind": "", "generator": ""}) for model in verified}
+    settings, thresholds = workflow.scoring_settings(cfg), workflow.difficulty_thresholds(cfg)
+    run_scoring(verified, args.tasks, args.difficulty, settings, thresholds, models, outputs)
+
+
+def _analyze(args) -> None:
+    from .analyze import FIGURES, run
+
+    cfg = _load(args)
+    out = _out_dir(args, cfg)
+    figures = [out / "figures" / name for name in FIGURES]
+    summary = out / "analysis" / "summary.json"
+    run(args.candidates, args.verified, args.tasks, args.scores, cfg["analyze"], summary, figures)
 
 
 class _workdir:

@@ -1,14 +1,19 @@
-"""Load and validate a workflow config against schemas/config.schema.yaml, filling in defaults."""
+"""The workflow config: its schema (package data, the one place defaults live), validation and defaults.
+
+The Snakefile, the `concur` command and every stage called from Python fill defaults from the same schema:
+`validate` for a whole config, `with_defaults` for one section's settings (or one generator or model entry).
+"""
 
 from __future__ import annotations
 
 import copy
+import functools
+import importlib.resources
 from pathlib import Path
 
-import jsonschema
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+SCHEMA_FILE = "config.schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -17,6 +22,8 @@ class ConfigError(ValueError):
 
 def _with_defaults(validator_class):
     """A validator that also writes each property's `default` into the instance (jsonschema's documented recipe)."""
+    import jsonschema
+
     validate_properties = validator_class.VALIDATORS["properties"]
 
     def set_defaults(validator, properties, instance, schema):
@@ -29,17 +36,45 @@ def _with_defaults(validator_class):
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
-_Validator = _with_defaults(jsonschema.Draft202012Validator)
+def _inline_ref_defaults(node, defs: dict):
+    """Copy the `default` of a `$defs` entry to every `{$ref: "#/$defs/…"}` without its own, so that the
+    validator above, which looks only at the property's own keys, fills it too."""
+    if isinstance(node, dict):
+        ref = node.get("$ref", "")
+        if ref.startswith("#/$defs/") and "default" not in node and "default" in defs.get(ref[8:], {}):
+            node["default"] = copy.deepcopy(defs[ref[8:]]["default"])
+        for value in node.values():
+            _inline_ref_defaults(value, defs)
+    elif isinstance(node, list):
+        for value in node:
+            _inline_ref_defaults(value, defs)
+    return node
 
 
-def load_schema(path: Path = SCHEMA_PATH) -> dict:
-    return yaml.safe_load(Path(path).read_text())
+@functools.cache
+def _validator():
+    """The default-filling validator; jsonschema is imported here only, so that reading the schema (the verifier's
+    processes do) needs nothing beyond PyYAML."""
+    import jsonschema
+
+    return _with_defaults(jsonschema.Draft202012Validator)
+
+
+@functools.cache
+def _schema() -> dict:
+    schema = yaml.safe_load(importlib.resources.files("concur").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+    return _inline_ref_defaults(schema, schema["$defs"])
+
+
+def load_schema() -> dict:
+    """A fresh copy of the packaged schema."""
+    return copy.deepcopy(_schema())
 
 
 def validate(config: dict, schema: dict | None = None) -> dict:
     """Return a validated deep copy of `config` with defaults filled in, or raise ConfigError."""
     config = copy.deepcopy(config)
-    errors = sorted(_Validator(schema or load_schema()).iter_errors(config), key=lambda e: list(e.absolute_path))
+    errors = sorted(_validator()(schema or load_schema()).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         raise ConfigError(_describe(errors[0]))
     _check_references(config)
@@ -54,7 +89,32 @@ def load(path: str | Path) -> dict:
     return validate(raw)
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
+def with_defaults(section: str, settings: dict | None = None) -> dict:
+    """`settings` of one config section (`tasks`, `train`, …) or entry (`generator`, `model`) with every key it
+    leaves out filled from the schema, nested objects included; keys it sets are kept as they are.
+
+    Only fills in: it neither checks the given values nor rejects extra keys (the workflow validates the whole
+    config before anything runs; the stages check what they rely on).
+    """
+    schema = load_schema()
+    if section in schema["properties"]:
+        subschema = schema["properties"][section]
+    elif section in schema["$defs"]:
+        subschema = schema["$defs"][section]
+    else:
+        raise KeyError(f"the config schema has no section or definition {section!r}")
+    filled = copy.deepcopy(settings or {})
+    for _ in _validator()({**subschema, "$defs": schema["$defs"]}).iter_errors(filled):
+        pass  # errors are not ours to report here; iterating fills the defaults
+    return filled
+
+
+def defaults(section: str) -> dict:
+    """The schema's defaults of one section or entry: what a config that leaves the section's keys out gets."""
+    return with_defaults(section, {})
+
+
+def _describe(error) -> str:
     where = ".".join(str(p) for p in error.absolute_path) or "<top level>"
     if error.validator == "additionalProperties":
         return f"config: unknown key under {where}: {error.message}"
@@ -74,7 +134,9 @@ def _check_references(config: dict) -> None:
             if gen["tokenizer"] not in models:
                 raise ConfigError(f"config: generators.{name}.tokenizer {gen['tokenizer']!r} is not a models entry")
     if config["synthesize"]["generator"] not in generators:
-        raise ConfigError(f"config: synthesize.generator {config['synthesize']['generator']!r} is not a generators entry")
+        raise ConfigError(
+            f"config: synthesize.generator {config['synthesize']['generator']!r} is not a generators entry"
+        )
     if config["train"]["base_model"] not in models:
         raise ConfigError(f"config: train.base_model {config['train']['base_model']!r} is not a models entry")
     base = config["evaluate"]["base_generator"]
@@ -89,20 +151,19 @@ def _check_references(config: dict) -> None:
         if name not in generators:
             raise ConfigError(f"config: evaluate.baselines: {name!r} is not a generators entry")
         if name == base:
-            raise ConfigError(f"config: evaluate.baselines: {name!r} is the base generator, already evaluated "
-                              "as 'base'")
+            raise ConfigError(
+                f"config: evaluate.baselines: {name!r} is the base generator, already evaluated as 'base'"
+            )
         if name == "base" or name in adapters:
-            raise ConfigError(f"config: evaluate.baselines: {name!r} is also the name of an evaluated model "
-                              "('base' or a train.adapters entry); rename the generators entry")
+            raise ConfigError(
+                f"config: evaluate.baselines: {name!r} is also the name of an evaluated model "
+                "('base' or a train.adapters entry); rename the generators entry"
+            )
     models_evaluated = ["base", *adapters, *evaluate["baselines"]]
     if evaluate["difficulty_model"] not in models_evaluated:
-        raise ConfigError(f"config: evaluate.difficulty_model {evaluate['difficulty_model']!r} is not an evaluated "
-                          f"model ({', '.join(models_evaluated)})")
+        raise ConfigError(
+            f"config: evaluate.difficulty_model {evaluate['difficulty_model']!r} is not an evaluated "
+            f"model ({', '.join(models_evaluated)})"
+        )
     if 1 not in evaluate["fast_p"]:
         raise ConfigError("config: evaluate.fast_p must include 1 (the results table reports fast_1)")
-
-
-def generator_model_spec(config: dict, generator: str) -> dict:
-    """The models entry behind a generator (its tokenizer, for replay)."""
-    gen = config["generators"][generator]
-    return config["models"][gen["model"] if gen["backend"] != "replay" else gen["tokenizer"]]

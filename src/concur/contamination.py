@@ -23,7 +23,7 @@ MIN_RECALL_AT_THRESHOLD = 0.995
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
-@functools.lru_cache(maxsize=None)  # dedupe and the contamination report normalise the same programs
+@functools.cache  # dedupe and the contamination report normalise the same programs
 def normalise_code(code: str) -> str:
     """The program without comments, docstrings and formatting (unparsed AST); unparsable code only loses blanks."""
     try:
@@ -53,15 +53,16 @@ class _Shingler:
         self.vocab: dict[str, int] = {}
 
     def __call__(self, normalised: str) -> np.ndarray:
-        ids = np.fromiter((self.vocab.setdefault(t, len(self.vocab) + 1) for t in _TOKEN.findall(normalised)),
-                          dtype=np.uint64)
+        ids = np.fromiter(
+            (self.vocab.setdefault(t, len(self.vocab) + 1) for t in _TOKEN.findall(normalised)), dtype=np.uint64
+        )
         n = min(self.ngram, len(ids))
         if n == 0:
             return np.zeros(1, dtype=np.uint64)
         with np.errstate(over="ignore"):
             hashed = np.zeros(len(ids) - n + 1, dtype=np.uint64)
             for k in range(n):  # polynomial rolling hash, wrapping modulo 2**64
-                hashed = hashed * np.uint64(1_000_003) + ids[k:len(ids) - n + 1 + k]
+                hashed = hashed * np.uint64(1_000_003) + ids[k : len(ids) - n + 1 + k]
         return np.unique(hashed)
 
 
@@ -80,7 +81,7 @@ def _minhash(shingle_sets: list[np.ndarray], seed: int = 0) -> np.ndarray:
         flat = np.concatenate(shingle_sets[start:stop])
         with np.errstate(over="ignore"):
             hashed = (flat[:, None] * a[None, :] + b[None, :]) >> np.uint64(32)
-        offsets = np.cumsum([0] + [len(s) for s in shingle_sets[start:stop - 1]])
+        offsets = np.cumsum([0] + [len(s) for s in shingle_sets[start : stop - 1]])
         out[start:stop] = np.minimum.reduceat(hashed, offsets, axis=0)
         start = stop
     return out
@@ -141,5 +142,6 @@ def contamination_report(train: pd.DataFrame, eval_: pd.DataFrame, threshold: fl
             records.append((i, j, round(similarity, 4), "near"))
     train_ids, eval_ids = train["task_id"].tolist(), eval_["task_id"].tolist()
     report = pd.DataFrame([(train_ids[i], eval_ids[j], s, k) for i, j, s, k in records], columns=REPORT_COLUMNS)
-    return report.sort_values(["train_task_id", "similarity", "eval_task_id"], ascending=[True, False, True],
-                              ignore_index=True)
+    return report.sort_values(
+        ["train_task_id", "similarity", "eval_task_id"], ascending=[True, False, True], ignore_index=True
+    )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+SPLITS = ("train", "eval")
+
 TASKS = {
     "task_id": "str",
     "split": "str",
@@ -61,6 +63,7 @@ BUILDS = {
     "reason": "str",
     "cache_key": "str",
     "compile_s": "float",
+    "kernels": "str",
 }
 
 DATASET = {
@@ -90,11 +93,16 @@ class ContractError(ValueError):
     """A frame does not match its documented contract."""
 
 
+def require_columns(frame: pd.DataFrame, columns, what: str, error: type[Exception] = ContractError) -> None:
+    """Raise `error` naming `what` and every one of `columns` that `frame` lacks."""
+    missing = [col for col in columns if col not in frame.columns]
+    if missing:
+        raise error(f"{what}: missing column(s) {', '.join(missing)}")
+
+
 def conform(frame: pd.DataFrame, contract: dict[str, str], what: str = "frame") -> pd.DataFrame:
     """Return `frame` with exactly the contract's columns, in order and with the documented types."""
-    missing = [col for col in contract if col not in frame.columns]
-    if missing:
-        raise ContractError(f"{what}: missing column(s) {', '.join(missing)}")
+    require_columns(frame, contract, what)
     out = frame.loc[:, list(contract)].copy()
     for col, kind in contract.items():
         try:

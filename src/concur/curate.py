@@ -19,25 +19,36 @@ correct candidates) and are drawn from all correct candidates; ties are broken b
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from concur import contracts
+from concur import config, contracts
 from concur.io import read_parquets, write_jsonl, write_parquet, write_text
 
 CRITERIA = ("shortest_fastest", "high_speedup", "single_op_balance")
 ABLATIONS = ("min", "max", "speedup", "random")
 SELECTIONS = ("strict", "fastest_then_shortest")
+log = logging.getLogger(__name__)
+
 TIE_RULE = (
     "Ties: among kernels equal on the deciding keys the smallest candidate_id wins; speedups are equal only "
     "when exactly equal."
 )
 
-_CANDIDATE_COLUMNS = ("candidate_id", "task_id", "generator", "prompt", "reasoning", "answer", "code",
-                      "reasoning_tokens")
+_CANDIDATE_COLUMNS = (
+    "candidate_id",
+    "task_id",
+    "generator",
+    "prompt",
+    "reasoning",
+    "answer",
+    "code",
+    "reasoning_tokens",
+)
 _VERDICT_COLUMNS = ("candidate_id", "task_id", "correct", "speedup")
 _TASK_COLUMNS = ("task_id", "name", "category", "level")
 
@@ -48,12 +59,6 @@ class Curated:
     subsets: dict[str, pd.DataFrame] = field(default_factory=dict)
     sft: list[dict] = field(default_factory=list)
     card: str = ""
-
-
-def _require(frame: pd.DataFrame, columns, what: str) -> None:
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{what}: missing column(s) {', '.join(missing)}")
 
 
 def _require_unique(frame: pd.DataFrame, column: str, what: str) -> None:
@@ -67,9 +72,9 @@ def join_candidates(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.
 
     Every candidate needs exactly one verdict with the same task_id, and every task_id must be in `tasks`.
     """
-    _require(candidates, _CANDIDATE_COLUMNS, "candidates")
-    _require(verdicts, _VERDICT_COLUMNS, "verdicts")
-    _require(tasks, _TASK_COLUMNS, "tasks")
+    contracts.require_columns(candidates, _CANDIDATE_COLUMNS, "candidates")
+    contracts.require_columns(verdicts, _VERDICT_COLUMNS, "verdicts")
+    contracts.require_columns(tasks, _TASK_COLUMNS, "tasks")
     _require_unique(candidates, "candidate_id", "candidates")
     _require_unique(verdicts, "candidate_id", "verdicts")
     _require_unique(tasks, "task_id", "tasks")
@@ -85,8 +90,10 @@ def join_candidates(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.
     clash = merged[merged["task_id"] != merged["verdict_task_id"]]
     if len(clash):
         row = clash.iloc[0]
-        raise ValueError(f"candidate {row['candidate_id']!r}: candidate task_id {row['task_id']!r} != "
-                         f"verdict task_id {row['verdict_task_id']!r}")
+        raise ValueError(
+            f"candidate {row['candidate_id']!r}: candidate task_id {row['task_id']!r} != "
+            f"verdict task_id {row['verdict_task_id']!r}"
+        )
     unknown = sorted(set(merged["task_id"]) - set(tasks["task_id"]))
     if unknown:
         raise ValueError(f"candidates refer to task_id {unknown[0]!r}, which is not in the tasks table")
@@ -118,8 +125,9 @@ def select_shortest_fastest(correct: pd.DataFrame, selection: str) -> list[str]:
         both = (speed == speed.groupby(by_task).transform("max")) & (tokens == tokens.groupby(by_task).transform("min"))
         picked = correct.loc[both, ["task_id", "candidate_id"]].groupby("task_id", sort=True)["candidate_id"].min()
         return list(picked)
-    ranked = pd.DataFrame({"task_id": correct["task_id"], "neg_speed": -speed, "tokens": tokens,
-                           "candidate_id": correct["candidate_id"]})
+    ranked = pd.DataFrame(
+        {"task_id": correct["task_id"], "neg_speed": -speed, "tokens": tokens, "candidate_id": correct["candidate_id"]}
+    )
     ranked = ranked.sort_values(["task_id", "neg_speed", "tokens", "candidate_id"], kind="stable")
     return list(ranked.drop_duplicates("task_id")["candidate_id"])
 
@@ -190,11 +198,12 @@ def sft_record(row) -> dict:
 
 def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame, settings: dict) -> Curated:
     """Build the ConCuR dataset, its ablation subsets, the SFT records and the dataset card."""
-    selection = settings.get("selection", "strict")
-    threshold = float(settings.get("speedup_threshold", 5.0))
-    share = float(settings.get("single_op_share", 0.3))
-    ablations = list(settings.get("ablations", ABLATIONS))
-    seed = int(settings.get("seed", 0))
+    settings = config.with_defaults("curate", settings)
+    selection = settings["selection"]
+    threshold = float(settings["speedup_threshold"])
+    share = float(settings["single_op_share"])
+    ablations = list(settings["ablations"])
+    seed = int(settings["seed"])
     if not 0 <= share <= 1:
         raise ValueError(f"curate.single_op_share: {share} is not in 0..1")
     unknown = [a for a in ablations if a not in ABLATIONS]
@@ -203,27 +212,42 @@ def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame
 
     if "trusted" in verdicts.columns:  # verdicts on degenerate tasks (a trivial output passes) prove nothing
         verdicts = verdicts.assign(correct=verdicts["correct"].astype(bool) & verdicts["trusted"].astype(bool))
+    if "flags" in verdicts.columns and not settings["allow_reduced_precision"]:  # faster by computing less exactly
+        reduced = verdicts["flags"].fillna("").str.contains("precision:", regex=False)
+        verdicts = verdicts.assign(correct=verdicts["correct"].astype(bool) & ~reduced)
     joined = join_candidates(candidates, verdicts, tasks)
     correct = joined[joined["correct"]].reset_index(drop=True)
 
     ids_a = select_shortest_fastest(correct, selection)
     ids_b = select_high_speedup(correct, threshold, set(ids_a))
-    admitted = pd.concat([_rows(correct, ids_a, CRITERIA[0]), _rows(correct, ids_b, CRITERIA[1])],
-                         ignore_index=True)
+    admitted = pd.concat([_rows(correct, ids_a, CRITERIA[0]), _rows(correct, ids_b, CRITERIA[1])], ignore_index=True)
     ids_c = select_single_op_balance(correct, admitted, share)
     admitted = pd.concat([admitted, _rows(correct, ids_c, CRITERIA[2])], ignore_index=True)
     dataset = contracts.conform(admitted, contracts.DATASET, "curated dataset")
 
     subsets = {name: _ablation(correct, name, len(dataset), seed) for name in ablations}
-    sft = [sft_record(row) for row in dataset.loc[:, ["candidate_id", "task_id", "prompt", "reasoning", "answer"]]
-           .to_dict(orient="records")]
-    card = dataset_card(dataset, joined, settings={"selection": selection, "speedup_threshold": threshold,
-                                                   "single_op_share": share, "ablations": ablations,
-                                                   "seed": seed})
+    sft = [
+        sft_record(row)
+        for row in dataset.loc[:, ["candidate_id", "task_id", "prompt", "reasoning", "answer"]].to_dict(
+            orient="records"
+        )
+    ]
+    card = dataset_card(
+        dataset,
+        joined,
+        settings={
+            "selection": selection,
+            "speedup_threshold": threshold,
+            "single_op_share": share,
+            "ablations": ablations,
+            "seed": seed,
+        },
+    )
     return Curated(dataset=dataset, subsets=subsets, sft=sft, card=card)
 
 
 # ---------------------------------------------------------------- dataset card
+
 
 def _fmt(value: float) -> str:
     return "n/a" if pd.isna(value) else f"{value:.4g}"
@@ -233,8 +257,10 @@ def _stats_row(label: str, values: pd.Series) -> str:
     values = values.dropna().astype(float)
     if values.empty:
         return f"| {label} | 0 | n/a | n/a | n/a | n/a |"
-    return (f"| {label} | {len(values)} | {_fmt(values.min())} | {_fmt(values.median())} | "
-            f"{_fmt(values.mean())} | {_fmt(values.max())} |")
+    return (
+        f"| {label} | {len(values)} | {_fmt(values.min())} | {_fmt(values.median())} | "
+        f"{_fmt(values.mean())} | {_fmt(values.max())} |"
+    )
 
 
 def _count_table(series: pd.Series, header: str, order) -> list[str]:
@@ -259,32 +285,59 @@ def dataset_card(dataset: pd.DataFrame, joined: pd.DataFrame, settings: dict) ->
         "",
     ]
     if dataset.empty:
-        lines += ["**The dataset is empty**: no candidate was admitted "
-                  f"({'no correct candidates' if correct.empty else 'no criterion matched'}).", ""]
+        lines += [
+            "**The dataset is empty**: no candidate was admitted "
+            f"({'no correct candidates' if correct.empty else 'no criterion matched'}).",
+            "",
+        ]
     lines += ["## Rows per criterion", ""] + _count_table(dataset["criterion"], "criterion", CRITERIA)
     lines += ["", "## Rows per category", ""] + _count_table(dataset["category"], "category", contracts.CATEGORIES)
     stats_header = ["| set | n | min | median | mean | max |", "|---|---:|---:|---:|---:|---:|"]
-    lines += ["", "## Reasoning length (tokens)", ""] + stats_header + [
-        _stats_row("dataset", dataset["reasoning_tokens"]),
-        _stats_row("all correct candidates", correct["reasoning_tokens"]),
-    ]
-    lines += ["", "## Speedup (reference time / kernel time)", ""] + stats_header + [
-        _stats_row("dataset", dataset["speedup"]),
-        _stats_row("all correct candidates", correct["speedup"]),
-    ]
+    lines += (
+        ["", "## Reasoning length (tokens)", ""]
+        + stats_header
+        + [
+            _stats_row("dataset", dataset["reasoning_tokens"]),
+            _stats_row("all correct candidates", correct["reasoning_tokens"]),
+        ]
+    )
+    lines += (
+        ["", "## Speedup (reference time / kernel time)", ""]
+        + stats_header
+        + [
+            _stats_row("dataset", dataset["speedup"]),
+            _stats_row("all correct candidates", correct["speedup"]),
+        ]
+    )
     lines += ["", "## Settings", ""] + [f"- `{k}`: {v}" for k, v in settings.items()]
-    lines += ["", "## Tie rule", "", TIE_RULE, "",
-              "Under `strict` a task whose fastest kernel is not also its shortest-reasoning kernel adds nothing "
-              "to `shortest_fastest`.", ""]
+    lines += [
+        "",
+        "## Tie rule",
+        "",
+        TIE_RULE,
+        "",
+        "Under `strict` a task whose fastest kernel is not also its shortest-reasoning kernel adds nothing "
+        "to `shortest_fastest`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def run(candidate_paths, verified_paths, tasks_path, settings: dict, outputs) -> None:
     """The curate stage. `outputs` has .dataset, .sft, .card and .subsets (paths named {subset}.parquet)."""
-    curated = curate(read_parquets(candidate_paths), read_parquets(verified_paths), pd.read_parquet(tasks_path),
-                     settings)
+    curated = curate(
+        read_parquets(candidate_paths), read_parquets(verified_paths), pd.read_parquet(tasks_path), settings
+    )
     write_parquet(curated.dataset, outputs.dataset)
     write_jsonl(curated.sft, outputs.sft)
     write_text(curated.card, outputs.card)
     for path in outputs.subsets:
         write_parquet(curated.subsets[Path(path).stem], path)
+    dataset = curated.dataset
+    log.info(
+        "curate: %d rows over %d tasks (%s); subset rows: %s",
+        len(dataset),
+        dataset["task_id"].nunique(),
+        dataset["criterion"].value_counts().to_dict(),
+        {name: len(s) for name, s in curated.subsets.items()},
+    )

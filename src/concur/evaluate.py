@@ -16,12 +16,17 @@ difficulty is the average reasoning length (ARL) of one reference model's eval g
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
 import pandas as pd
 
+from concur import config
+from concur.contracts import require_columns
 from concur.metrics import DIFFICULTIES, check_thresholds, difficulty_labels, geomean, pass_at_k
+
+log = logging.getLogger(__name__)
 
 SCOPES = ("overall", "level", "category", "difficulty")
 DIFFICULTY_COLUMNS = ["task_id", "level", "category", "model", "n_samples", "arl", "difficulty"]
@@ -34,11 +39,13 @@ def fast_name(p: float) -> str:
 
 def score_columns(pass_k, fast_p) -> list[str]:
     """The scores.csv columns, in order."""
-    return (["model", "scope", "group", "n_tasks", "n_samples", "exec"]
-            + [f"pass@{k}" for k in pass_k]
-            + [fast_name(p) for p in fast_p]
-            + [f"{fast_name(p)}@{k}" for p in fast_p for k in pass_k]
-            + ["mean_speedup", "geomean_speedup"])
+    return (
+        ["model", "scope", "group", "n_tasks", "n_samples", "exec"]
+        + [f"pass@{k}" for k in pass_k]
+        + [fast_name(p) for p in fast_p]
+        + [f"{fast_name(p)}@{k}" for p in fast_p for k in pass_k]
+        + ["mean_speedup", "geomean_speedup"]
+    )
 
 
 def _mean_pass_at_k(per_task: pd.DataFrame, success: str, k: int) -> float:
@@ -73,11 +80,10 @@ def _group_scores(frame: pd.DataFrame, pass_k, fast_p) -> dict:
     return row
 
 
-def _with_task_info(verdicts: pd.DataFrame, tasks: pd.DataFrame, model: str,
-                    difficulty: pd.DataFrame | None) -> pd.DataFrame:
-    missing = [c for c in ("task_id", "correct", "speedup") if c not in verdicts.columns]
-    if missing:
-        raise ValueError(f"verdicts of model {model!r}: missing column(s) {', '.join(missing)}")
+def _with_task_info(
+    verdicts: pd.DataFrame, tasks: pd.DataFrame, model: str, difficulty: pd.DataFrame | None
+) -> pd.DataFrame:
+    require_columns(verdicts, ("task_id", "correct", "speedup"), f"verdicts of model {model!r}")
     unknown = sorted(set(verdicts["task_id"]) - set(tasks["task_id"]))
     if unknown:
         raise ValueError(f"verdicts of model {model!r}: task_id {unknown[0]!r} is not in the tasks table")
@@ -88,12 +94,16 @@ def _with_task_info(verdicts: pd.DataFrame, tasks: pd.DataFrame, model: str,
     return joined.astype({"correct": bool, "speedup": float, "level": "int64"})
 
 
-def score(verdicts_by_model: dict[str, pd.DataFrame], tasks: pd.DataFrame, settings: dict,
-          difficulty: pd.DataFrame | None = None) -> pd.DataFrame:
+def score(
+    verdicts_by_model: dict[str, pd.DataFrame],
+    tasks: pd.DataFrame,
+    settings: dict,
+    difficulty: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """One row per model x scope x group, columns of `score_columns`: overall/all, each level, each category and,
     with a `difficulty` table (task_id, difficulty), each difficulty band that has tasks (Easy, Medium, Hard)."""
-    pass_k = list(settings.get("pass_k", [1, 10]))
-    fast_p = list(settings.get("fast_p", [0, 0.5, 0.8, 1, 1.5, 2]))
+    settings = config.with_defaults("evaluate", settings)
+    pass_k, fast_p = list(settings["pass_k"]), list(settings["fast_p"])
     rows = []
     for model, verdicts in verdicts_by_model.items():
         frame = _with_task_info(verdicts, tasks, model, difficulty)
@@ -101,8 +111,11 @@ def score(verdicts_by_model: dict[str, pd.DataFrame], tasks: pd.DataFrame, setti
         groups += [("level", str(level), part) for level, part in frame.groupby("level", sort=True)]
         groups += [("category", str(cat), part) for cat, part in frame.groupby("category", sort=True)]
         if difficulty is not None:
-            groups += [("difficulty", band, frame[frame["difficulty"] == band]) for band in DIFFICULTIES
-                       if (frame["difficulty"] == band).any()]
+            groups += [
+                ("difficulty", band, frame[frame["difficulty"] == band])
+                for band in DIFFICULTIES
+                if (frame["difficulty"] == band).any()
+            ]
         for scope, group, part in groups:
             rows.append({"model": model, "scope": scope, "group": group, **_group_scores(part, pass_k, fast_p)})
     columns = score_columns(pass_k, fast_p)
@@ -112,20 +125,21 @@ def score(verdicts_by_model: dict[str, pd.DataFrame], tasks: pd.DataFrame, setti
 
 # ---------------------------------------------------------------- difficulty
 
-def task_difficulty(candidates: pd.DataFrame, tasks: pd.DataFrame, model: str, easy_below: float,
-                    hard_above: float) -> pd.DataFrame:
+
+def task_difficulty(
+    candidates: pd.DataFrame, tasks: pd.DataFrame, model: str, easy_below: float, hard_above: float
+) -> pd.DataFrame:
     """Each eval task's ARL over `model`'s eval generations (every sample, correct or not) and its band.
 
     Columns `DIFFICULTY_COLUMNS`, one row per task that has generations, in task_id order."""
     check_thresholds(easy_below, hard_above)
-    missing = [c for c in ("task_id", "reasoning_tokens") if c not in candidates.columns]
-    if missing:
-        raise ValueError(f"candidates of difficulty model {model!r}: missing column(s) {', '.join(missing)}")
+    require_columns(candidates, ("task_id", "reasoning_tokens"), f"candidates of difficulty model {model!r}")
     unknown = sorted(set(candidates["task_id"]) - set(tasks["task_id"]))
     if unknown:
         raise ValueError(f"candidates of difficulty model {model!r}: task_id {unknown[0]!r} is not in the tasks table")
-    per_task = (candidates.groupby("task_id", sort=True)["reasoning_tokens"]
-                .agg(n_samples="size", arl="mean").reset_index())
+    per_task = (
+        candidates.groupby("task_id", sort=True)["reasoning_tokens"].agg(n_samples="size", arl="mean").reset_index()
+    )
     info = tasks.loc[:, ["task_id", "level", "category"]].drop_duplicates("task_id")
     table = per_task.merge(info, on="task_id", how="left").assign(model=model)
     table["arl"] = table["arl"].astype(float)
@@ -134,6 +148,7 @@ def task_difficulty(candidates: pd.DataFrame, tasks: pd.DataFrame, model: str, e
 
 
 # ---------------------------------------------------------------- the results table
+
 
 def _level_groups(scores: pd.DataFrame) -> list[tuple[str, str, str]]:
     """(scope, group, column prefix) of the table: each level in order, then every task."""
@@ -154,8 +169,9 @@ def results_table(scores: pd.DataFrame, pass_k, models: dict[str, dict] | None =
     metrics = _table_metrics(pass_k)
     missing = [col for col, _ in metrics if col not in scores.columns]
     if missing:
-        raise ValueError(f"results table: scores lack {', '.join(missing)} (evaluate.fast_p must include "
-                         f"{TABLE_FAST_P})")
+        raise ValueError(
+            f"results table: scores lack {', '.join(missing)} (evaluate.fast_p must include {TABLE_FAST_P})"
+        )
     groups = _level_groups(scores)
     rows = []
     for model in dict.fromkeys(scores["model"]):
@@ -190,38 +206,63 @@ def _markdown_grid(scores: pd.DataFrame, groups: list[tuple[str, str, str]], met
             cells += [_percent(match[col].iloc[0]) if len(match) else "–" for col, _ in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     counts = scores.drop_duplicates(["scope", "group"]).set_index(["scope", "group"])["n_tasks"]
-    lines += ["", "Tasks: " + ", ".join(f"{title} {int(counts[(scope, group)])}" for scope, group, title in groups
-                                        if (scope, group) in counts.index)]
+    lines += [
+        "",
+        "Tasks: "
+        + ", ".join(
+            f"{title} {int(counts[(scope, group)])}" for scope, group, title in groups if (scope, group) in counts.index
+        ),
+    ]
     return lines
 
 
-def table_markdown(scores: pd.DataFrame, settings: dict, models: dict[str, dict] | None = None,
-                   difficulty: pd.DataFrame | None = None, thresholds: dict | None = None) -> str:
+def table_markdown(
+    scores: pd.DataFrame,
+    settings: dict,
+    models: dict[str, dict] | None = None,
+    difficulty: pd.DataFrame | None = None,
+    thresholds: dict | None = None,
+) -> str:
     """eval/table.md: the results table (models x levels x Exec@k/fast_1@k), then the same by difficulty and
     by category."""
     models = models or {}
     if scores.empty:
         return "# Evaluation results\n\nNo evaluation scores.\n"
-    pass_k = list(settings.get("pass_k", [1, 10]))
-    metrics = _table_metrics(pass_k)
+    settings = config.with_defaults("evaluate", settings)
+    metrics = _table_metrics(settings["pass_k"])
     fast = fast_name(TABLE_FAST_P)
-    lines = ["# Evaluation results", "",
-             f"Values in %. Exec@k: unbiased pass@k of a correct kernel; {fast}@k: of a correct kernel faster than "
-             f"PyTorch eager (speedup > {TABLE_FAST_P}); each the mean over tasks of the per-task estimate from "
-             f"{settings.get('samples', '?')} samples per task at temperature {settings.get('temperature', '?')}; "
-             "– where no task of the group has k samples. L1, L2, …: KernelBench levels. Every number is in "
-             "eval/scores.csv; this table is eval/table.csv.", ""]
-    lines += _markdown_grid(scores, [(s, g, "All" if g == "all" else p) for s, g, p in _level_groups(scores)],
-                            metrics, models)
-    by_difficulty = [("difficulty", band, band) for band in DIFFICULTIES
-                     if ((scores["scope"] == "difficulty") & (scores["group"] == band)).any()]
+    lines = [
+        "# Evaluation results",
+        "",
+        f"Values in %. Exec@k: unbiased pass@k of a correct kernel; {fast}@k: of a correct kernel faster than "
+        f"PyTorch eager (speedup > {TABLE_FAST_P}); each the mean over tasks of the per-task estimate from "
+        f"{settings['samples']} samples per task at temperature {settings['temperature']}; "
+        "– where no task of the group has k samples. L1, L2, …: KernelBench levels. Every number is in "
+        "eval/scores.csv; this table is eval/table.csv.",
+        "",
+    ]
+    lines += _markdown_grid(
+        scores, [(s, g, "All" if g == "all" else p) for s, g, p in _level_groups(scores)], metrics, models
+    )
+    by_difficulty = [
+        ("difficulty", band, band)
+        for band in DIFFICULTIES
+        if ((scores["scope"] == "difficulty") & (scores["group"] == band)).any()
+    ]
     if by_difficulty:
         ref = difficulty["model"].iloc[0] if difficulty is not None and len(difficulty) else "?"
-        easy, hard = (f"{float(v):g}" if v is not None else "?"
-                      for v in ((thresholds or {}).get("easy_below"), (thresholds or {}).get("hard_above")))
-        lines += ["", "## By difficulty", "",
-                  f"A task's difficulty is the average reasoning length (ARL) of model `{ref}`'s samples for it: "
-                  f"Easy < {easy} ≤ Medium ≤ {hard} < Hard tokens (eval/difficulty.csv).", ""]
+        easy, hard = (
+            f"{float(v):g}" if v is not None else "?"
+            for v in ((thresholds or {}).get("easy_below"), (thresholds or {}).get("hard_above"))
+        )
+        lines += [
+            "",
+            "## By difficulty",
+            "",
+            f"A task's difficulty is the average reasoning length (ARL) of model `{ref}`'s samples for it: "
+            f"Easy < {easy} ≤ Medium ≤ {hard} < Hard tokens (eval/difficulty.csv).",
+            "",
+        ]
         lines += _markdown_grid(scores, by_difficulty, metrics, models)
     categories = [("category", c, c) for c in sorted(scores.loc[scores["scope"] == "category", "group"].unique())]
     if categories:
@@ -229,35 +270,41 @@ def table_markdown(scores: pd.DataFrame, settings: dict, models: dict[str, dict]
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------- stage entry points
-
-def run_generation(tasks_path, adapter_dir, model_name: str, generator_name: str, generator: dict, model_specs: dict,
-                   settings: dict, language: str, out_path) -> None:
-    """Eval generation for one model: the base generator, the base generator with a trained adapter, or a
-    baseline generator. Resumable like synthesis: a checkpoint next to `out_path` (see concur.synthesize)."""
-    from concur.synthesize import checkpoint_path, generate_candidates, write_candidates
-
-    label = generator_name if adapter_dir is None else f"{generator_name}+{model_name}"
-    frame = generate_candidates(pd.read_parquet(tasks_path), label, generator, model_specs, settings, language,
-                                settings["samples"], adapter=adapter_dir, checkpoint=checkpoint_path(out_path))
-    write_candidates(frame, out_path)
+# ---------------------------------------------------------------- the stage
 
 
-def run_scoring(verified_paths: dict, tasks_path, difficulty_path, settings: dict, thresholds: dict,
-                models: dict[str, dict], outputs) -> None:
+def run_scoring(
+    verified_paths: dict,
+    tasks_path,
+    difficulty_path,
+    settings: dict,
+    thresholds: dict,
+    models: dict[str, dict],
+    outputs,
+) -> None:
     """Score every model's eval verdicts. `outputs` has .csv (scores.csv), .table_csv, .table_md and .difficulty;
     `difficulty_path` is the difficulty model's eval candidates; `models` maps each model to its kind and
     generator."""
-    from concur.io import atomic_path, write_text
+    from concur.io import write_csv, write_text
 
+    settings = config.with_defaults("evaluate", settings)
+    thresholds = config.with_defaults("analyze", thresholds)
     tasks = pd.read_parquet(tasks_path)
-    ref = settings.get("difficulty_model", "base")
-    difficulty = task_difficulty(pd.read_parquet(difficulty_path), tasks, ref, float(thresholds["easy_below"]),
-                                 float(thresholds["hard_above"]))
-    scores = score({model: pd.read_parquet(path) for model, path in verified_paths.items()}, tasks, settings,
-                   difficulty)
-    table = results_table(scores, list(settings.get("pass_k", [1, 10])), models)
+    ref = settings["difficulty_model"]
+    difficulty = task_difficulty(
+        pd.read_parquet(difficulty_path), tasks, ref, float(thresholds["easy_below"]), float(thresholds["hard_above"])
+    )
+    scores = score(
+        {model: pd.read_parquet(path) for model, path in verified_paths.items()}, tasks, settings, difficulty
+    )
+    table = results_table(scores, list(settings["pass_k"]), models)
     for frame, path in ((scores, outputs.csv), (table, outputs.table_csv), (difficulty, outputs.difficulty)):
-        with atomic_path(path) as tmp:
-            frame.to_csv(tmp, index=False)
+        write_csv(frame, path)
     write_text(table_markdown(scores, settings, models, difficulty, thresholds), outputs.table_md)
+    overall = scores[scores["scope"] == "overall"]
+    log.info(
+        "eval scores (exec, overall): %s; difficulty from %s: %s",
+        dict(zip(overall["model"], overall["exec"])),
+        ref,
+        difficulty["difficulty"].value_counts().to_dict(),
+    )

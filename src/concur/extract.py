@@ -27,10 +27,10 @@ def split_reasoning(response: str) -> tuple[str, str]:
     if close >= 0:
         open_ = response.rfind(THINK_OPEN, 0, close)
         start = open_ + len(THINK_OPEN) if open_ >= 0 else 0
-        return response[start:close].strip(), response[close + len(THINK_CLOSE):].strip()
+        return response[start:close].strip(), response[close + len(THINK_CLOSE) :].strip()
     open_ = response.find(THINK_OPEN)
     if open_ >= 0:
-        return response[open_ + len(THINK_OPEN):].strip(), response[:open_].strip()
+        return response[open_ + len(THINK_OPEN) :].strip(), response[:open_].strip()
     return "", response.strip()
 
 

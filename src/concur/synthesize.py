@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterable
 
 import pandas as pd
 
@@ -22,46 +22,48 @@ from . import contracts
 from .backends import PROMPT_TOO_LONG, Generation, Request, make_backend
 from .extract import extract
 from .prompts import build_prompt
+from .workflow import drawn_with
 
 log = logging.getLogger(__name__)
 
 # what changes the samples themselves; a checkpoint written under other values is not resumed
 SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "seed")
-# generator keys that change how samples are fetched, not what they are: a checkpoint survives a change of them
-# (a restarted server at another address, other retries or concurrency)
-TRANSPORT_KEYS = frozenset({"base_url", "api_key_env", "max_concurrency", "max_retries", "request_timeout_s",
-                            "backoff_s", "stream", "check_model"})
 
 
 def candidate_id(generator: str, task_id: str, sample_idx: int) -> str:
     return hashlib.sha256(f"{generator}\x1f{task_id}\x1f{sample_idx}".encode()).hexdigest()[:16]
 
 
-def to_candidates(generations: Iterable[Generation], prompts: dict[str, str], generator: str, backend: str,
-                  tokenizer) -> pd.DataFrame:
+def to_candidates(
+    generations: Iterable[Generation], prompts: dict[str, str], generator: str, backend: str, tokenizer
+) -> pd.DataFrame:
     """Extract reasoning/answer/code and count tokens; one row per generation, in contracts.CANDIDATES."""
     rows = []
     for gen in generations:
         parts = extract(gen.response, gen.reasoning)
         full = gen.response if gen.reasoning is None else gen.reasoning + gen.response
-        rows.append({
-            "candidate_id": candidate_id(generator, gen.task_id, gen.sample_idx),
-            "task_id": gen.task_id,
-            "sample_idx": gen.sample_idx,
-            "generator": generator,
-            "backend": backend,
-            "prompt": prompts[gen.task_id],
-            "response": gen.response,
-            "reasoning": parts.reasoning,
-            "answer": parts.answer,
-            "code": parts.code,
-            "reasoning_tokens": (_count(tokenizer, parts.reasoning) if tokenizer is not None
-                                 else int(gen.reasoning_tokens or 0)),
-            "completion_tokens": (_count(tokenizer, full) if tokenizer is not None
-                                  else int(gen.completion_tokens or 0)),
-            "finish_reason": gen.finish_reason,
-            "seed": gen.seed,
-        })
+        rows.append(
+            {
+                "candidate_id": candidate_id(generator, gen.task_id, gen.sample_idx),
+                "task_id": gen.task_id,
+                "sample_idx": gen.sample_idx,
+                "generator": generator,
+                "backend": backend,
+                "prompt": prompts[gen.task_id],
+                "response": gen.response,
+                "reasoning": parts.reasoning,
+                "answer": parts.answer,
+                "code": parts.code,
+                "reasoning_tokens": (
+                    _count(tokenizer, parts.reasoning) if tokenizer is not None else int(gen.reasoning_tokens or 0)
+                ),
+                "completion_tokens": (
+                    _count(tokenizer, full) if tokenizer is not None else int(gen.completion_tokens or 0)
+                ),
+                "finish_reason": gen.finish_reason,
+                "seed": gen.seed,
+            }
+        )
     frame = pd.DataFrame(rows, columns=list(contracts.CANDIDATES))
     frame = frame.sort_values(["task_id", "sample_idx"], kind="stable")
     dupes = frame["candidate_id"].duplicated()
@@ -78,18 +80,18 @@ def checkpoint_path(out_path: str | Path) -> Path:
     return Path(f"{out_path}.partial.jsonl")
 
 
-def drawn_with(generator: dict) -> dict:
-    """The generator entry without its TRANSPORT_KEYS: what a checkpoint's fingerprint and the rules' params (their
-    rerun trigger) see of it."""
-    return {key: value for key, value in generator.items() if key not in TRANSPORT_KEYS}
-
-
-def checkpoint_fingerprint(generator: dict, settings: dict, samples: int, language: str,
-                           adapter: str | Path | None) -> str:
-    """Identifies what a checkpoint's samples were drawn with: generator entry (but its TRANSPORT_KEYS), sampling
-    settings, adapter."""
-    identity = {"generator": drawn_with(generator), "sampling": {k: settings.get(k) for k in SAMPLING_KEYS},
-                "samples": samples, "language": language, "adapter": str(adapter) if adapter else None}
+def checkpoint_fingerprint(
+    generator: dict, settings: dict, samples: int, language: str, adapter: str | Path | None
+) -> str:
+    """Identifies what a checkpoint's samples were drawn with: generator entry (but its transport keys, see
+    `workflow.TRANSPORT_KEYS`), sampling settings, adapter."""
+    identity = {
+        "generator": drawn_with(generator),
+        "sampling": {k: settings.get(k) for k in SAMPLING_KEYS},
+        "samples": samples,
+        "language": language,
+        "adapter": str(adapter) if adapter else None,
+    }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -135,8 +137,9 @@ def open_checkpoint(path: Path, fingerprint: str):
     return done, fh
 
 
-def generate_resumable(backend, requests: list[Request], samples: int, checkpoint: Path | None,
-                       fingerprint: str = "") -> list[Generation]:
+def generate_resumable(
+    backend, requests: list[Request], samples: int, checkpoint: Path | None, fingerprint: str = ""
+) -> list[Generation]:
     """All samples of all requests: those in the checkpoint plus new ones, each appended and flushed on arrival
     (but those of prompts the server refused as too long: a rerun asks again, which costs nothing)."""
     if checkpoint is None:
@@ -156,9 +159,17 @@ def generate_resumable(backend, requests: list[Request], samples: int, checkpoin
     return list(done.values())
 
 
-def generate_candidates(tasks: pd.DataFrame, generator_name: str, generator: dict, model_specs: dict,
-                        settings: dict, language: str, samples: int, adapter: str | Path | None = None,
-                        checkpoint: str | Path | None = None) -> pd.DataFrame:
+def generate_candidates(
+    tasks: pd.DataFrame,
+    generator_name: str,
+    generator: dict,
+    model_specs: dict,
+    settings: dict,
+    language: str,
+    samples: int,
+    adapter: str | Path | None = None,
+    checkpoint: str | Path | None = None,
+) -> pd.DataFrame:
     """Prompts for `tasks`, generations from the generator, candidates out. With `checkpoint`, every finished
     sample is appended to that JSONL and samples already in it are not generated again."""
     from .models import load_tokenizer
@@ -169,8 +180,7 @@ def generate_candidates(tasks: pd.DataFrame, generator_name: str, generator: dic
     token_name = counting_tokenizer(generator)
     tokenizer = load_tokenizer(model_specs[token_name]) if token_name else None
     fingerprint = checkpoint_fingerprint(generator, settings, samples, language, adapter)
-    generations = generate_resumable(backend, requests, samples, Path(checkpoint) if checkpoint else None,
-                                     fingerprint)
+    generations = generate_resumable(backend, requests, samples, Path(checkpoint) if checkpoint else None, fingerprint)
     log.info("%s: %d generations for %d tasks", generator_name, len(generations), len(requests))
     return to_candidates(generations, prompts, generator_name, backend.name, tokenizer)
 
@@ -197,7 +207,42 @@ def run(tasks_path: str, shard: int, n_shards: int, generator_name: str, config:
 
     settings = config["synthesize"]
     tasks = select_shard(pd.read_parquet(tasks_path), shard, n_shards)
-    frame = generate_candidates(tasks, generator_name, config["generators"][generator_name], config["models"],
-                                settings, settings["language"], settings["samples_per_task"],
-                                checkpoint=checkpoint_path(out_path))
+    frame = generate_candidates(
+        tasks,
+        generator_name,
+        config["generators"][generator_name],
+        config["models"],
+        settings,
+        settings["language"],
+        settings["samples_per_task"],
+        checkpoint=checkpoint_path(out_path),
+    )
+    write_candidates(frame, out_path)
+
+
+def run_eval_generation(
+    tasks_path,
+    adapter_dir,
+    model_name: str,
+    generator_name: str,
+    generator: dict,
+    model_specs: dict,
+    settings: dict,
+    language: str,
+    out_path,
+) -> None:
+    """The eval_generate stage for one evaluated model: the base generator, the base generator with a trained
+    adapter, or a baseline generator, answering every eval task `samples` times (resumable like synthesis)."""
+    label = generator_name if adapter_dir is None else f"{generator_name}+{model_name}"
+    frame = generate_candidates(
+        pd.read_parquet(tasks_path),
+        label,
+        generator,
+        model_specs,
+        settings,
+        language,
+        settings["samples"],
+        adapter=adapter_dir,
+        checkpoint=checkpoint_path(out_path),
+    )
     write_candidates(frame, out_path)

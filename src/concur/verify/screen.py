@@ -11,8 +11,18 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-FORBIDDEN_MODULES = ("threading", "_thread", "multiprocessing", "concurrent", "ctypes", "gc", "inspect", "subprocess",
-                     "pty", "signal")  # fmt: skip
+FORBIDDEN_MODULES = (
+    "threading",
+    "_thread",
+    "multiprocessing",
+    "concurrent",
+    "ctypes",
+    "gc",
+    "inspect",
+    "subprocess",
+    "pty",
+    "signal",
+)
 FORBIDDEN_ATTRIBUTES = ("sys._getframe",)
 EXIT_CALLS = ("os._exit", "sys.exit", "exit", "quit", "os.abort", "os.kill")
 SPAWN_CALLS = ("os.fork", "os.forkpty", "os.system", "os.popen", "os.posix_spawn", "os.posix_spawnp")
@@ -24,8 +34,18 @@ STREAM_CALLS = ("torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.ExternalSt
 PATCHABLE_ROOTS = ("torch", "time", "builtins", "os", "sys", "numpy", "math", "random")
 IMPORT_CALLS = ("__import__", "importlib.import_module")
 BUILTIN_OP_NAMESPACES = ("aten", "prims", "prim", "quantized", "_ops")
-RULE_ORDER = ("no_custom_kernel", "kernel_unused", "try_fallback", "subclasses_model", "forbidden_module",
-              "process_exit", "process_spawn", "dynamic_code", "side_stream", "monkeypatch")  # fmt: skip
+RULE_ORDER = (
+    "no_custom_kernel",
+    "kernel_unused",
+    "try_fallback",
+    "subclasses_model",
+    "forbidden_module",
+    "process_exit",
+    "process_spawn",
+    "dynamic_code",
+    "side_stream",
+    "monkeypatch",
+)
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ def include_dirs(flags: list[str]) -> list[Path]:
         elif arg in ("-I", "-isystem"):
             pending = True
         elif arg.startswith("-isystem"):
-            dirs.append(Path(arg[len("-isystem"):]))
+            dirs.append(Path(arg[len("-isystem") :]))
         elif arg.startswith("-I"):
             dirs.append(Path(arg[2:]))
     return dirs
@@ -93,11 +93,14 @@ def shared_pch(compiler: str, flags: list[str], pch_dir: Path) -> Path | None:
     pch, failed = folder / "extension.pch", folder / "FAILED"
     if pch.is_file():
         return pch
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not pch.is_file() and not failed.is_file():
-            build_pch(compiler, flags, header, pch, failed)
+    try:  # a sandboxed candidate build may only read the shared PCHs: without one of its flags, it goes without
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not pch.is_file() and not failed.is_file():
+                build_pch(compiler, flags, header, pch, failed)
+    except OSError:
+        return None
     return pch if pch.is_file() else None
 
 

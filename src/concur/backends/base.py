@@ -1,0 +1,48 @@
+"""What every backend takes and yields: requests (task id + user message) in, `Generation`s out, `samples` per
+request. `skip` holds the (task_id, sample_idx) pairs a checkpoint already has: a backend does not ask its model for
+those again (replay reads them anyway; the caller drops them)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+NOTHING: frozenset = frozenset()
+# finish_reason of the samples of a prompt the server refused as longer than its context (their response is empty);
+# they are not checkpointed, so a rerun asks again (e.g. once the model is served with a longer context)
+PROMPT_TOO_LONG = "prompt_too_long"
+
+
+@dataclass(frozen=True)
+class Request:
+    task_id: str
+    prompt: str
+
+
+@dataclass(frozen=True)
+class Generation:
+    task_id: str
+    sample_idx: int
+    response: str
+    finish_reason: str
+    seed: int
+    reasoning: str | None = None  # a backend's separate reasoning field, when it has one
+    completion_tokens: int | None = None  # the backend's own count, used when no tokenizer is configured
+    reasoning_tokens: int | None = None  # the server's count of reasoning tokens (openai usage), the same way
+
+
+class Backend(Protocol):
+    name: str
+
+    def generate(
+        self, requests: list[Request], samples: int, skip: Collection[tuple[str, int]] = NOTHING
+    ) -> Iterator[Generation]: ...
+
+
+def missing_samples(request: Request, samples: int, skip: Collection[tuple[str, int]]) -> list[int]:
+    return [i for i in range(samples) if (request.task_id, i) not in skip]
+
+
+def chat(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}]

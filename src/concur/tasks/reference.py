@@ -1,0 +1,247 @@
+"""Each task's reference run once on the CPU, in a forked child with a time and memory limit.
+
+A checker process imports torch once and forks a fresh child per program, so a program costs a fork rather than a
+new interpreter; the child's verdict comes back through a pipe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import queue
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .programs import REQUIRED_NAMES, one_line
+
+_SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+_MB = 2**20
+
+
+def validate_programs(
+    codes: list[str], timeout_s: float, max_input_mb: float, workers: int, started: list | None = None
+) -> list[dict]:
+    """One verdict per program, in order: {"status": ok | rejected | too_large | timeout, "reason", "seconds"}.
+
+    Each checker process imports torch once and forks a fresh child per program, so a program costs a fork rather
+    than a new interpreter. `started`: checkers started earlier (their torch import overlaps the caller's work).
+    """
+    checkers = list(started or [])
+    # a checker costs a torch import (seconds): small suites share one
+    wanted = max(1, min(workers, len(codes) // 64))
+    checkers += [Checker() for _ in range(wanted - len(checkers))]
+    idle = queue.SimpleQueue()
+    for checker in checkers:
+        idle.put(checker)
+
+    def check(code: str) -> dict:
+        checker = idle.get()
+        try:
+            return checker.check({"code": code, "timeout_s": timeout_s, "max_input_mb": max_input_mb})
+        finally:
+            idle.put(checker)
+
+    try:
+        with ThreadPoolExecutor(max_workers=len(checkers)) as pool:
+            return list(pool.map(check, codes))
+    finally:
+        for checker in checkers:
+            checker.close()
+
+
+class Checker:
+    """A long-lived `serve_checks` process; restarted if it dies."""
+
+    def __init__(self, start: bool = False):
+        self.proc: subprocess.Popen | None = self._start() if start else None
+
+    def check(self, job: dict) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError:
+            line = ""
+        if not line:
+            self.close()
+            return {"status": "rejected", "reason": "the checker process died", "seconds": 0.0}
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:  # the checker already died
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    @staticmethod
+    def _start() -> subprocess.Popen:
+        src = str(Path(__file__).resolve().parents[2])
+        env = {
+            **os.environ,
+            **_SINGLE_THREAD_ENV,
+            "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p),
+        }
+        return subprocess.Popen(
+            [sys.executable, "-c", "from concur.tasks.reference import serve_checks; serve_checks()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+
+def serve_checks() -> None:
+    """Checker process: one JSON job per stdin line, one JSON verdict per stdout line."""
+    import torch
+
+    # Lazy initialisation (dispatch tables, the meta device) happens once here rather than in every child:
+    # ~0.5 s per program otherwise.
+    with torch.device("meta"):
+        torch.nn.Linear(2, 2)(torch.rand(1, 2))
+    torch.nn.Linear(2, 2)(torch.rand(1, 2)).relu().sum()
+    for line in sys.stdin:
+        print(json.dumps(_check_in_fork(json.loads(line))), flush=True)
+
+
+def _check_in_fork(job: dict) -> dict:
+    read_fd, write_fd = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: never outlive the checker
+        _child(job, write_fd)
+    os.close(write_fd)
+    payload, finished = _read_until(read_fd, started + job["timeout_s"])
+    os.close(read_fd)
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the child and anything it started; it is not reaped yet, so pid is ours
+    except (ProcessLookupError, PermissionError):
+        pass
+    _, status = os.waitpid(pid, 0)
+    seconds = round(time.monotonic() - started, 3)
+    if not finished:
+        return {"status": "timeout", "reason": f"ran longer than {job['timeout_s']} s on the CPU", "seconds": seconds}
+    if payload:
+        return {**json.loads(payload), "seconds": seconds}
+    how = (
+        f"signal {-os.waitstatus_to_exitcode(status)}"
+        if os.WIFSIGNALED(status)
+        else f"exit code {os.waitstatus_to_exitcode(status)}"
+    )
+    return {
+        "status": "rejected",
+        "reason": f"the reference process ended without a verdict ({how})",
+        "seconds": seconds,
+    }
+
+
+def _read_until(fd: int, deadline: float) -> tuple[bytes, bool]:
+    """Everything written to fd until EOF, and whether EOF came before the deadline."""
+    chunks = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return b"".join(chunks), False
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks), True
+        chunks.append(chunk)
+
+
+def _child(job: dict, write_fd: int) -> None:
+    """Forked child: run the reference, write the verdict, exit without returning to the checker's loop."""
+    try:
+        os.setpgid(0, 0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        verdict = _run_reference(job["code"], job["max_input_mb"])
+    except BaseException as err:  # the program may raise anything, SystemExit included
+        verdict = {"status": "rejected", "reason": one_line(err)}
+    try:
+        os.write(write_fd, json.dumps(verdict).encode())
+    finally:
+        os._exit(0)
+
+
+def _run_reference(code: str, max_input_mb: float) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    _limit_memory((4 * max_input_mb + 2048) * _MB)
+    namespace = {"__name__": "concur_task"}
+    exec(compile(code, "<task>", "exec"), namespace)
+    missing = [name for name in REQUIRED_NAMES if name not in namespace]
+    if missing:
+        return {"status": "rejected", "reason": f"does not define {', '.join(missing)}"}
+    size_mb = _meta_size_mb(namespace)
+    if size_mb is not None and size_mb > max_input_mb:
+        return {"status": "too_large", "reason": f"parameters and inputs take {size_mb:.0f} MB, over max_input_mb"}
+    torch.manual_seed(0)
+    try:
+        model = namespace["Model"](*namespace["get_init_inputs"]())
+        inputs = namespace["get_inputs"]()
+        with torch.no_grad():
+            model(*inputs)
+    except MemoryError:
+        return {"status": "too_large", "reason": "ran out of memory on the CPU"}
+    except RuntimeError as err:
+        if "alloc" in str(err) and "memory" in str(err):
+            return {"status": "too_large", "reason": f"ran out of memory on the CPU: {one_line(err)}"}
+        raise
+    return {"status": "ok", "reason": ""}
+
+
+def _meta_size_mb(namespace: dict) -> float | None:
+    """Bytes of parameters, buffers and inputs built on the meta device (no memory used); None if that fails."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = namespace["Model"](*namespace["get_init_inputs"]())
+            inputs = namespace["get_inputs"]()
+    except Exception:  # data-dependent code cannot run on meta tensors; the real run is still limited
+        return None
+    tensors = [*model.parameters(), *model.buffers()] if isinstance(model, torch.nn.Module) else []
+    tensors += [t for t in _flatten(inputs) if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors) / _MB
+
+
+def _flatten(value):
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _flatten(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _flatten(item)
+    else:
+        yield value
+
+
+def _limit_memory(limit_bytes: float) -> None:
+    """Address space: what the checker already maps (torch) plus `limit_bytes`."""
+    import resource
+
+    status = Path("/proc/self/status").read_text()
+    mapped_kb = int(re.search(r"VmSize:\s+(\d+)", status).group(1))
+    soft = int(mapped_kb * 1024 + limit_bytes)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

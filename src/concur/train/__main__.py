@@ -1,0 +1,5 @@
+"""One process of a multi-GPU launch: `python -m concur.train <launch.json>`."""
+
+from .launch import main
+
+main()

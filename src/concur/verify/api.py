@@ -1,0 +1,268 @@
+"""The verifier's public functions (re-exported by concur.verify): tables in, tables out."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from concur import contracts
+from concur.io import write_parquet, write_text
+from concur.verify import checks, compiling, orchestrate
+from concur.verify import settings as verify_settings
+from concur.verify.orchestrate import Job, blank_verdict, cache_root_of, device_label, pre_verdict
+
+log = logging.getLogger("concur.verify")
+VERDICT_FIELDS = [c for c in contracts.VERDICTS if c not in ("candidate_id", "task_id")]
+FACTS_SINK = None  # when set, called with (candidate_id, facts) for every referee report (benchmarks read them)
+JOB_SETTINGS = (
+    "mode",
+    "correctness_trials",
+    "signed_trials",
+    "warmup",
+    "timing_trials",
+    "timing_min_s",
+    "atol",
+    "rtol",
+    "timeout_s",
+    "memory_limit_mb",
+    "max_processes",
+)
+
+
+def normalize_settings(settings: dict | None, for_compile: bool = False) -> dict:
+    return verify_settings.normalize(settings, for_compile)
+
+
+def compile_frame(candidates: pd.DataFrame, settings: dict, workdir: Path, progress: bool = True) -> pd.DataFrame:
+    """Build every candidate's extension into the build cache, in a pool of sandboxed builders (contracts.BUILDS)."""
+    settings = normalize_settings(settings, for_compile=True)
+    jobs = [Job(i, str(r.candidate_id), str(r.task_id), "", _code(r)) for i, r in enumerate(candidates.itertuples())]
+    rows = orchestrate.run_builds(jobs, settings, Path(workdir), progress)
+    frame = pd.DataFrame(
+        [{"candidate_id": j.candidate_id, "task_id": j.task_id, **b} for j, b in zip(jobs, rows)],
+        columns=list(contracts.BUILDS),
+    )
+    return contracts.conform(frame, contracts.BUILDS, "builds")
+
+
+def verify_frame(
+    candidates: pd.DataFrame,
+    tasks: pd.DataFrame,
+    settings: dict,
+    workdir: Path,
+    progress: bool = True,
+    builds: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """One verdict per candidate, in input order (contracts.VERDICTS). With `builds`, candidates whose build already
+    decided the verdict (no code, rejected, compile error, timeout) are not run again."""
+    settings = normalize_settings(settings)
+    references = reference_programs(tasks)
+    build_rows = {} if builds is None else builds.set_index("candidate_id").to_dict("index")
+    jobs = []
+    for index, row in enumerate(candidates.itertuples(index=False)):
+        if row.task_id not in references:
+            raise ValueError(f"candidate {row.candidate_id}: task {row.task_id!r} is not in the tasks frame")
+        jobs.append(
+            Job(
+                index,
+                str(row.candidate_id),
+                str(row.task_id),
+                references[row.task_id],
+                _code(row),
+                build_rows.get(str(row.candidate_id)),
+            )
+        )
+    verdicts, degenerate = run_jobs(jobs, settings, Path(workdir), progress)
+    rows = []
+    for job, verdict in zip(jobs, verdicts):
+        mark_task_trust(verdict, degenerate.get(job.task_id, []))
+        rows.append({"candidate_id": job.candidate_id, "task_id": job.task_id, **verdict})
+    return contracts.conform(pd.DataFrame(rows, columns=list(contracts.VERDICTS)), contracts.VERDICTS, "verdicts")
+
+
+def verify_one(reference_code: str, solution_code: str, settings: dict, workdir: Path) -> dict:
+    """The verdict for one solution against one reference program (VERDICTS keys minus the ids), with the task's
+    `degenerate` flag: the trivial outputs (zeros, identity, constant, other inputs' output) that pass its check."""
+    settings = normalize_settings(settings)
+    verdicts, degenerate = run_jobs(
+        [Job(0, "one", "one", reference_code, solution_code or "")], settings, Path(workdir), False
+    )
+    kinds = degenerate.get("one", [])
+    if not kinds and verdicts[0]["status"] in ("no_code", "rejected", "compile_error"):
+        kinds = probe_tasks({"one": reference_code}, settings, Path(workdir)).get("one", [])
+    mark_task_trust(verdicts[0], kinds)
+    return {**verdicts[0], "degenerate": bool(kinds), "degenerate_outputs": kinds}
+
+
+def probe_tasks(references: dict[str, str], settings: dict, workdir: Path) -> dict[str, list[str]]:
+    """task_id -> the trivial outputs that pass its check (empty: the check is sound), run on the referees; cached
+    per reference and check settings."""
+    settings = normalize_settings(settings)
+    cache = cache_root_of(settings, workdir) / "probes"
+    cache.mkdir(parents=True, exist_ok=True)
+    found, payloads = {}, []
+    for task_id, code in sorted(references.items()):
+        key = hashlib.sha256(
+            json.dumps([code, [settings[k] for k in ("device", "mode", "correctness_trials", "atol", "rtol")]]).encode()
+        ).hexdigest()[:32]
+        cached = cache / f"{key}.json"
+        if cached.exists():
+            found[task_id] = json.loads(cached.read_text())
+        else:
+            payloads.append(
+                {
+                    "candidate_id": task_id,
+                    "task_id": task_id,
+                    "reference": code,
+                    "solution": "",
+                    "settings": job_settings(settings),
+                    "key": str(cached),
+                }
+            )
+
+    def done(payload: dict, facts: dict) -> None:
+        kinds = facts.get("degenerate")
+        found[payload["task_id"]] = kinds or []
+        if kinds is not None:  # a failing reference: its candidates get runtime errors, nothing to flag
+            write_text(json.dumps(kinds), Path(payload["key"]))
+
+    if payloads:
+        orchestrate.evaluate_all(payloads, settings, cache_root_of(settings, workdir), False, done)
+    return found
+
+
+def run(candidates_path, tasks_path, settings: dict, workdir, out_path, builds_path=None) -> None:
+    """The verify rule: verdicts for one candidates file, written atomically."""
+    candidates, tasks = pd.read_parquet(candidates_path), pd.read_parquet(tasks_path)
+    builds = pd.read_parquet(builds_path) if builds_path else None
+    verdicts = verify_frame(candidates, tasks, settings, Path(workdir), progress=True, builds=builds)
+    write_parquet(verdicts, out_path)
+    log.info("verdicts: %s", verdicts["status"].value_counts().to_dict())
+
+
+def compile_run(candidates_path, settings: dict, workdir, out_path) -> None:
+    """The compile rule: build every candidate of one candidates file into the build cache."""
+    builds = compile_frame(pd.read_parquet(candidates_path), settings, Path(workdir), progress=True)
+    write_parquet(builds, out_path)
+    log.info("builds: %s", builds["status"].value_counts().to_dict())
+
+
+# ---------------------------------------------------------------- jobs and verdicts
+
+
+def _code(row) -> str:
+    return row.code if isinstance(row.code, str) else ""
+
+
+def reference_programs(tasks: pd.DataFrame) -> dict[str, str]:
+    missing = [c for c in ("task_id", "code") if c not in tasks.columns]
+    if missing:
+        raise ValueError(f"tasks frame: missing column(s) {', '.join(missing)}")
+    return dict(zip(tasks["task_id"].astype(str), tasks["code"].astype(str)))
+
+
+def job_settings(settings: dict) -> dict:
+    return {key: settings[key] for key in JOB_SETTINGS} | {"audit_speedup": settings["audit_speedup"]}
+
+
+def run_jobs(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -> tuple[list[dict], dict]:
+    """Verdicts for `jobs` in order, and the degenerate outputs found per task."""
+    label = device_label(settings["device"])
+    verdicts: list[dict | None] = [None] * len(jobs)
+    unbuilt = [j for j in jobs if j.build is None and pre_verdict(j, settings) is None]
+    if unbuilt:  # builds always happen before a referee sees the candidate
+        for job, row in zip(
+            unbuilt,
+            orchestrate.run_builds(
+                [Job(i, j.candidate_id, j.task_id, "", j.solution) for i, j in enumerate(unbuilt)],
+                settings,
+                workdir,
+                progress,
+            ),
+        ):
+            job.build = row
+    to_run = []
+    for job in jobs:
+        early = pre_verdict(job, settings)
+        if early is None and job.build["status"] in orchestrate.TERMINAL_BUILDS:
+            early = (job.build["status"], job.build["reason"])
+        if early is None:
+            to_run.append(job)
+            continue
+        verdicts[job.index] = blank_verdict(*early, settings, label)
+        verdicts[job.index]["compile_s"] = float((job.build or {}).get("compile_s") or 0.0)
+    degenerate: dict[str, list[str]] = {}
+    if to_run:
+        cache_root = cache_root_of(settings, workdir)
+        library = compiling.library_kernels(cache_root) if settings["device"] == "cuda" else set()
+        by_id = {job.candidate_id: job for job in to_run}
+
+        def done(payload: dict, facts: dict) -> None:
+            job = by_id[payload["candidate_id"]]
+            verdicts[job.index] = decide(facts, job, settings, label)
+            if FACTS_SINK is not None:
+                FACTS_SINK(job.candidate_id, facts)
+            kinds = facts.get("degenerate")
+            if kinds is not None:
+                degenerate[job.task_id] = sorted(set(degenerate.get(job.task_id, [])) | set(kinds))
+
+        payloads = [payload(job, settings, cache_root, library) for job in to_run]
+        orchestrate.evaluate_all(payloads, settings, cache_root, progress, done)
+    return verdicts, degenerate  # type: ignore[return-value]
+
+
+def payload(job: Job, settings: dict, cache_root: Path, library: set[str]) -> dict:
+    kernels = (job.build or {}).get("kernels") or ""
+    own = None if not kernels else sorted(set(json.loads(kernels)) - library)
+    return {
+        "candidate_id": job.candidate_id,
+        "task_id": job.task_id,
+        "reference": job.reference,
+        "solution": job.solution,
+        "build_dir": str(cache_root / job.build["cache_key"]),
+        "kernels": own,
+        "settings": job_settings(settings),
+    }
+
+
+def decide(facts: dict, job: Job, settings: dict, label: str) -> dict:
+    """The verdict from a referee's facts (concur.verify.checks decides)."""
+    verdict = blank_verdict("runtime_error", "", settings, facts.get("device") or label)
+    status, reason = checks.judge(facts, settings["mode"])
+    load = facts.get("load") or {}
+    errors = [t["max_abs_err"] for t in facts.get("trials", []) if t.get("max_abs_err") is not None]
+    verdict.update(
+        status=status,
+        reason=reason,
+        correct=status == "correct",
+        compiled=bool(load.get("ok")),
+        compile_s=float((job.build or {}).get("compile_s") or 0.0),
+        eval_s=float(facts.get("gpu_s") or 0.0),
+        max_abs_err=float(max(errors)) if errors else math.nan,
+    )
+    if status == "correct":
+        ref, new = facts["timing"]["ref"], facts["timing"]["new"]
+        stat = "median_ms" if settings["mode"] == "hardened" else "mean_ms"
+        verdict.update(
+            ref_ms=ref["mean_ms"],
+            new_ms=new["mean_ms"],
+            ref_median_ms=ref["median_ms"],
+            new_median_ms=new["median_ms"],
+            speedup=ref[stat] / new[stat] if new[stat] > 0 else math.inf,
+        )
+        verdict["flags"] = ",".join(checks.flags(facts, verdict, settings, job.solution))
+    elif settings["mode"] == "hardened" and facts.get("sandbox") == "none":
+        verdict["flags"] = "sandbox:none"
+    return verdict
+
+
+def mark_task_trust(verdict: dict, degenerate_kinds: list[str]) -> None:
+    """A task whose check a trivial output passes makes every verdict on it untrustworthy."""
+    if degenerate_kinds:
+        verdict["trusted"] = False
+        verdict["flags"] = ",".join(f for f in (verdict["flags"], "degenerate_task:" + "+".join(degenerate_kinds)) if f)

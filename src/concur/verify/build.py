@@ -1,0 +1,178 @@
+"""Building and loading a candidate's extensions, inside the untrusted child that runs its module.
+
+`ExtensionLoader` wraps torch's `load_inline`/`load` for the candidate's module: every extension goes to the
+build-cache entry of this candidate (`TORCH_EXTENSIONS_DIR`, whatever `build_directory` the code asks for); a
+module already built there is imported without asking ninja; in a contestant nothing is ever built (builds belong to
+the compile step, on CPU nodes). Each exported function counts its calls, so the referee can ask whether forward
+called into the extension at all. `build_child` is the compile step's child: it runs the module once and reports
+what the build did. Facts from here are the candidate's own process speaking: they only ever cost it a verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+import traceback
+import types
+from pathlib import Path
+
+BUILT_MARKER = ".concur-built"
+PCH_DIR_ENV = "CONCUR_PCH_DIR"  # set when builds go through concur.verify.pch_cxx (clang and its shared PCH)
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def describe(err: BaseException) -> str:
+    return one_line(f"{type(err).__name__}: {err}")
+
+
+def first_error_line(message: str) -> str:
+    """The first compiler `error:` line of a build log (file path shortened), else its first non-empty line."""
+    # gcc quotes names with typographic quotes under a UTF-8 locale: report the same line whatever the locale
+    message = str(message).translate({0x2018: "'", 0x2019: "'"})
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    for line in lines:
+        if "error:" in line:
+            return one_line(re.sub(r"^\S*/(?=[^/\s]+:\d+)", "", line))
+    return one_line(lines[0]) if lines else "build failed"
+
+
+def exec_program(source: str, filename: str, module_name: str) -> dict:
+    """Run a program as a fresh module and return its namespace (registered in sys.modules for pickling)."""
+    module = types.ModuleType(module_name)
+    module.__file__ = filename
+    sys.modules[module_name] = module
+    exec(compile(source, filename, "exec"), module.__dict__)
+    return module.__dict__
+
+
+class ExtensionLoader:
+    """Replaces cpp_extension.load_inline/load for one candidate's module (see the module docstring)."""
+
+    def __init__(self, root: str, allow_build: bool):
+        self.root, self.allow_build = Path(root), allow_build
+        self.calls = self.built = self.counted_modules = self.kernel_calls = 0
+        self.error: str | None = None
+        self.loaded: dict[str, object] = {}
+
+    def install(self) -> None:
+        from torch.utils import cpp_extension
+
+        pch_ready = _torch_pch().exists()
+        original_check = cpp_extension._check_and_build_extension_h_precompiler_headers
+        # torch's own (gcc) PCH is shared and built beforehand by a trusted process: never build or delete it here
+        cpp_extension._check_and_build_extension_h_precompiler_headers = lambda *a, **k: None
+        cpp_extension.remove_extension_h_precompiler_headers = lambda: None
+        self._pch_check = original_check
+        cpp_extension.load_inline = self._wrap(cpp_extension.load_inline, inline=True, pch_ready=pch_ready)
+        cpp_extension.load = self._wrap(cpp_extension.load, inline=False, pch_ready=pch_ready)
+
+    def _wrap(self, original, inline: bool, pch_ready: bool):
+        def loader(*args, **kwargs):
+            self.calls += 1
+            name = kwargs.get("name", args[0] if args else None)
+            try:
+                if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                    raise ValueError(f"extension name {name!r} is not an identifier")
+                if name in self.loaded:
+                    return self.loaded[name]
+                folder = self.root / name
+                kwargs["build_directory"] = str(folder)
+                module = _import_built(folder, name, kwargs.get("is_python_module", True))
+                if module is None:
+                    if not self.allow_build:
+                        raise RuntimeError(f"extension {name} was not built in the compile step")
+                    folder.mkdir(parents=True, exist_ok=True)
+                    cpu_only = not kwargs.get("cuda_sources") and not kwargs.get("with_cuda")
+                    if inline and cpu_only and pch_ready and not os.environ.get(PCH_DIR_ENV):
+                        kwargs.setdefault("use_pch", True)
+                    module = original(*args, **kwargs)
+                    self.built += 1
+                    (folder / BUILT_MARKER).write_text("ok\n")
+                self.loaded[name] = module = self._counting(module)
+                return module
+            except BaseException as err:
+                if self.error is None:
+                    self.error = first_error_line(str(err))
+                raise
+
+        return loader
+
+    def _counting(self, module):
+        """The module with each exported function counting its calls (ops registered with torch are left alone)."""
+        functions = {
+            n: f for n, f in vars(module).items() if isinstance(f, types.BuiltinFunctionType) and n[:2] != "__"
+        }
+        if not isinstance(module, types.ModuleType) or not functions:
+            return module
+        proxy = types.ModuleType(module.__name__)
+        proxy.__dict__.update(vars(module))
+        for name, function in functions.items():
+            setattr(proxy, name, self._counted(function))
+        self.counted_modules += 1
+        return proxy
+
+    def _counted(self, function):
+        def call(*args, **kwargs):
+            self.kernel_calls += 1
+            return function(*args, **kwargs)
+
+        call.__name__ = call.__qualname__ = function.__name__
+        call.__doc__ = function.__doc__
+        return call
+
+
+def _torch_pch() -> Path:
+    import torch
+
+    return Path(torch.__file__).resolve().parent / "include" / "torch" / "extension.h.gch"
+
+
+def _import_built(folder: Path, name: str, is_python_module: bool):
+    """The module this cache entry already holds, imported without asking ninja (the entry's key covers the code
+    and the build environment; ninja could still decide to rebuild when a shared PCH changed)."""
+    from torch.utils import cpp_extension
+
+    if not (folder / BUILT_MARKER).exists() or not (folder / f"{name}.so").exists():
+        return None
+    return cpp_extension._import_module_from_library(name, str(folder), is_python_module)
+
+
+def build_child(channel, spec: dict, sandbox: str) -> int:
+    """The compile step's child: build torch's shared PCH (a trusted job), or run the candidate's module once
+    (load_inline builds its extension into the cache entry) and report what happened."""
+    import torch
+
+    torch.set_num_threads(max(1, int(spec.get("threads", 1))))
+    if spec["role"] == "trusted" and not spec.get("program"):
+        from torch.utils import cpp_extension
+
+        start = time.perf_counter()
+        cpp_extension._check_and_build_extension_h_precompiler_headers(["-O3"], None)
+        channel.send({"ok": _torch_pch().exists(), "seconds": time.perf_counter() - start})
+        return 0
+    loader = ExtensionLoader(os.environ["TORCH_EXTENSIONS_DIR"], allow_build=True)
+    loader.install()
+    source = Path(spec["program"]).read_text()
+    facts: dict = {"ok": False, "error": None, "syntax_error": False, "sandbox": sandbox}
+    start = time.perf_counter()
+    try:
+        namespace = exec_program(source, spec["program"], "concur_solution")
+        facts.update(ok=True, has_model_new="ModelNew" in namespace)
+    except SyntaxError as err:
+        facts.update(syntax_error=True, error=one_line(f"SyntaxError: {err.msg} (line {err.lineno})"))
+    except BaseException as err:  # SystemExit included: the candidate must not end the run
+        facts["error"] = describe(err)
+        traceback.print_exc()
+    facts.update(
+        seconds=time.perf_counter() - start, load_calls=loader.calls, built=loader.built, build_error=loader.error
+    )
+    channel.send(facts)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # a candidate's atexit hooks and destructors must not run

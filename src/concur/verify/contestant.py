@@ -1,0 +1,335 @@
+"""The contestant: one process that runs one model (the task's reference, or a candidate) for the referee.
+
+It is forked by a zygote into a sandbox and speaks only through its socket. It loads the program, builds the model
+(seeded, as KernelBench does), then answers commands: `call` runs forward on views of the input arena and keeps the
+outputs; `handoff` copies them into the output arena where the referee reads them; `kb_time` times forward the way
+KernelBench does (kernelbench mode); `profile` names the kernels (CUDA) or operators (CPU) of one forward; `state`
+reports the backend flags and whether harness functions were replaced. For a candidate everything here runs beside
+its code, so the referee trusts none of it beyond the bytes it can check and the time it can measure itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+import traceback
+
+from concur.verify import exchange
+from concur.verify.build import ExtensionLoader, describe, exec_program, one_line
+
+L2_THRASH_BYTES = 256 << 20  # KernelBench's cold-cache fill before each timed trial
+
+
+def backend_flags() -> dict:
+    import torch
+
+    return {
+        "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "cudnn.deterministic": torch.backends.cudnn.deterministic,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "num_threads": torch.get_num_threads(),
+    }
+
+
+def fix_backend() -> None:
+    """The backend state both models run under in hardened mode: full float32 precision, no autotuning."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = False
+
+
+def guarded() -> dict:
+    """Functions the harness relies on, captured before the program runs."""
+    import torch
+
+    owners = {
+        "torch.cuda.synchronize": (torch.cuda, "synchronize"),
+        "torch.Tensor.copy_": (torch.Tensor, "copy_"),
+        "torch.nn.Module.__call__": (torch.nn.Module, "__call__"),
+        "torch.profiler.profile": (torch.profiler, "profile"),
+        "torch.cuda.Event": (torch.cuda, "Event"),
+        "torch.Tensor.as_strided": (torch.Tensor, "as_strided"),
+    }
+    return {name: (owner, attr, getattr(owner, attr)) for name, (owner, attr) in owners.items()}
+
+
+class Contestant:
+    def __init__(self, spec: dict, sandbox: str):
+        import torch
+
+        self.spec, self.sandbox = spec, sandbox
+        self.device = torch.device(spec["device"])
+        self.model = self.model64 = self.loader = None
+        self.arenas: dict[str, exchange.Mapped] = {}
+        self.pending: list[list] = []
+        self.prepared: list = []
+        self.fp64 = False
+        self.guarded = guarded()
+        torch.set_num_threads(max(1, int(spec.get("threads", 1))))
+        start = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.init()
+            torch.empty(1, device=self.device)  # the context, made before any program runs
+            if spec.get("profiler"):  # CUPTI takes seconds to start: now, while another candidate is judged
+                self._profile(lambda: torch.empty(1, device=self.device).add_(1))
+        self.startup_s = time.perf_counter() - start
+
+    # ------------------------------------------------------------ commands
+
+    def load(self, msg: dict) -> dict:
+        import torch
+
+        if msg.get("fixed_backend"):
+            fix_backend()
+        self.cast = exchange.dtype_of(msg["cast"]) if msg.get("cast") else None
+        self.loader = ExtensionLoader(msg.get("build_dir") or os.getcwd(), allow_build=False)
+        self.loader.install()
+        facts = {"ok": False, "has_class": False, "syntax_error": False}
+        start = time.perf_counter()
+        try:
+            source = open(msg["program"]).read()
+            namespace = exec_program(source, msg["program"], f"concur_{msg['role']}")
+        except SyntaxError as err:
+            return {**facts, "syntax_error": True, "error": one_line(f"SyntaxError: {err.msg} (line {err.lineno})")}
+        except BaseException as err:
+            traceback.print_exc()
+            return {**facts, "error": describe(err), "build_error": self.loader.error, "load_calls": self.loader.calls}
+        facts.update(load_s=time.perf_counter() - start, load_calls=self.loader.calls)
+        cls = namespace.get(msg["class_name"])
+        if cls is None:
+            return {**facts, "ok": True, "error": f"no {msg['class_name']}"}
+        facts["has_class"] = True
+        start = time.perf_counter()
+        try:
+            init = [self._cast(v) for v in self._values(msg["init"])]
+            with torch.no_grad():
+                torch.manual_seed(int(msg["seed"]))
+                model = cls(*init)
+                model = model.to(self.device) if self.cast is None else model.to(device=self.device, dtype=self.cast)
+            self._sync()
+        except BaseException as err:
+            traceback.print_exc()
+            return {**facts, "ok": True, "error": f"{msg['class_name']}(*init): {describe(err)}"}
+        self.model = model
+        return {
+            **facts,
+            "ok": True,
+            "init_s": time.perf_counter() - start,
+            "counted_modules": self.loader.counted_modules,
+        }
+
+    def arena(self, msg: dict, fds: list[int]) -> dict:
+        old = self.arenas.pop(msg["slot"], None)
+        if old is not None:
+            old.close()
+        self.arenas[msg["slot"]] = exchange.Mapped(msg, fds)
+        return {"ok": True}
+
+    def prepare(self, msg: dict) -> dict:
+        """The arguments of the next calls, as views of the input arena (made before the referee's clock starts)."""
+        import torch
+
+        self.prepared, self.fp64 = [], bool(msg.get("fp64"))
+        for entry in msg["calls"]:
+            args = self._values(entry["args"])
+            if self.fp64:
+                args = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+            elif self.cast is not None:
+                args = [self._cast(a) for a in args]
+            self.prepared.append((args, entry.get("seed")))
+        return {"ok": True}
+
+    def go(self, msg: dict) -> dict:
+        """Run forward on each prepared call, keep the outputs, then wait for the whole device: the timed part."""
+        import torch
+
+        calls_before = self.loader.kernel_calls if self.loader else 0
+        model = self.model64 if self.fp64 else self.model
+        prepared, self.prepared = self.prepared, []
+        with torch.no_grad():
+            for args, seed in prepared:
+                if seed is not None:
+                    torch.manual_seed(int(seed))
+                self.pending.append(leaves(model(*args)))
+        self._sync()
+        return {"ok": True, "kernel_calls": (self.loader.kernel_calls if self.loader else 0) - calls_before}
+
+    def outs(self, msg: dict) -> dict:
+        """dtype and shape of every kept output."""
+        return {"ok": True, "outs": [[leaf_meta(leaf) for leaf in produced] for produced in self.pending]}
+
+    def call(self, msg: dict) -> dict:
+        """prepare, go and outs in one round trip (the calls nobody times)."""
+        self.prepare(msg)
+        reply = self.go(msg)
+        return {**reply, **self.outs(msg)}
+
+    def handoff(self, msg: dict) -> dict:
+        """Copy the kept outputs into the output arena at the offsets the referee chose."""
+        import torch
+
+        target = self.arenas["out"].bytes
+        for produced, specs in zip(self.pending, msg["specs"]):
+            for leaf, spec in zip(produced, specs):
+                if spec["t"] == "tensor":
+                    exchange.view(target, spec).copy_(torch.as_tensor(leaf).reshape(spec["shape"]))
+        self.pending = []
+        self._sync()
+        return {"ok": True}
+
+    def double(self, msg: dict) -> dict:
+        """A float64 copy of the model, for the precision check (the reference only)."""
+        self.model64 = copy.deepcopy(self.model).double()
+        return {"ok": True}
+
+    def drop(self, msg: dict) -> dict:
+        self.pending = []
+        return {"ok": True}
+
+    def kb_time(self, msg: dict) -> dict:
+        """KernelBench's cuda_event timing: warm-ups, then per trial a device-wide sync, a 256 MB cache fill,
+        events around one call on the current stream, a sync; the first `discard` trials are dropped."""
+        import torch
+
+        args = [self._cast(a) for a in self._values(msg["args"])] if self.cast else self._values(msg["args"])
+        times = []
+        with torch.no_grad():
+            for _ in range(int(msg["warmup"])):
+                self.model(*args)
+                self._sync()
+            if self.device.type != "cuda":
+                for _ in range(int(msg["trials"]) + int(msg["discard"])):
+                    start = time.perf_counter()
+                    self.model(*args)
+                    times.append((time.perf_counter() - start) * 1000.0)
+                return {"ok": True, "times_ms": times[int(msg["discard"]) :]}
+            torch.cuda.empty_cache()
+            for _ in range(int(msg["trials"]) + int(msg["discard"])):
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                thrash = torch.empty(L2_THRASH_BYTES // 8, dtype=torch.int64, device=self.device)
+                thrash.fill_(42)
+                del thrash
+                start.record()
+                self.model(*args)
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+        return {"ok": True, "times_ms": times[int(msg["discard"]) :]}
+
+    def profile(self, msg: dict) -> dict:
+        """Names of what one forward ran: CUDA kernels on a GPU, ATen operators on the CPU, with counts."""
+        import torch
+
+        args = self._values(msg["args"])
+        with torch.no_grad():
+            prof = self._profile(lambda: self.model(*args))
+        cuda = self.device.type == "cuda"
+        names: dict[str, int] = {}
+        for event in prof.events():
+            on_device = getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
+            if on_device if cuda else event.name.startswith("aten::"):
+                names[event.name] = names.get(event.name, 0) + 1
+        return {"ok": True, "names": names}
+
+    def _profile(self, fn):
+        from torch.profiler import ProfilerActivity, profile
+
+        cuda = self.device.type == "cuda"
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            fn()
+            self._sync()
+        return prof
+
+    def state(self, msg: dict) -> dict:
+        changed = sorted(n for n, (owner, attr, f) in self.guarded.items() if getattr(owner, attr, None) is not f)
+        return {"ok": True, "backend": backend_flags(), "tampered": changed}
+
+    # ------------------------------------------------------------ helpers
+
+    def _values(self, specs: list[dict]) -> list:
+        arena = self.arenas.get("in")
+        return exchange.values_of(arena.bytes if arena else None, specs)
+
+    def _cast(self, value):
+        """kernelbench mode: floating tensors in float32, as KernelBench's precision setting makes them (integer
+        tensors, indices and targets, keep their dtype: cast, they would break the reference itself)."""
+        import torch
+
+        if self.cast is None or not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            return value
+        return value.to(dtype=self.cast)
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def leaves(output) -> list:
+    if isinstance(output, (tuple, list)):
+        return [leaf for item in output for leaf in leaves(item)]
+    return [output]
+
+
+def leaf_meta(leaf) -> dict:
+    import torch
+
+    if isinstance(leaf, torch.Tensor):
+        return {
+            "t": "tensor",
+            "dtype": str(leaf.dtype),
+            "shape": list(leaf.shape),
+            "device": leaf.device.type,
+            "plain": type(leaf) is torch.Tensor or type(leaf) is torch.nn.Parameter,
+        }
+    try:
+        return exchange.value_spec(leaf)
+    except TypeError as err:
+        return {"t": "other", "detail": str(err)}
+
+
+COMMANDS = {"load", "prepare", "go", "outs", "call", "handoff", "double", "drop", "kb_time", "profile", "state"}
+
+
+def serve(channel, spec: dict, sandbox: str) -> int:
+    """The command loop; every command gets one reply, errors included, until `quit` or EOF."""
+    from concur.verify import procs
+
+    try:
+        contestant = Contestant(spec, sandbox)
+        channel.send(
+            {"ok": True, "ready": True, "sandbox": sandbox, "pid": os.getpid(), "startup_s": contestant.startup_s}
+        )
+    except BaseException as err:
+        channel.send({"ok": False, "error": describe(err)})
+        os._exit(1)
+    while True:
+        try:
+            msg, fds = channel.recv()
+        except procs.ChannelClosed:
+            break
+        op = msg.get("op")
+        if op == "quit":
+            break
+        try:
+            if op == "arena":
+                reply = contestant.arena(msg, fds)
+            elif op in COMMANDS:
+                reply = getattr(contestant, op)(msg)
+            else:
+                reply = {"ok": False, "error": f"unknown command {op!r}"}
+        except BaseException as err:  # SystemExit and CUDA faults included: the referee decides
+            traceback.print_exc()
+            reply = {"ok": False, "error": describe(err)}
+        channel.send({**reply, "nonce": msg.get("nonce")})
+    os._exit(0)

@@ -1,0 +1,215 @@
+"""The timed part of a job: the reference's timed batches, the candidate's replay of them with its outputs
+checked, KernelBench's timing in kernelbench mode, and what the candidate's forward ran (profile, backend state).
+The rules are in concur.verify.timing; this module does the measuring."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from concur.verify import checks, exchange, procs, timing
+from concur.verify.reference import SEED, CallFailed, call_timeout, limit, mutated, ref_ask, ref_handoff, reference_side
+
+SAMPLES = 1024  # output elements checked per checked timed call
+CHECKED_PER_BATCH = 4  # timed calls of each batch whose outputs are checked (chosen in secret)
+EXPECTED_BACKEND = {
+    "matmul.allow_tf32": False,
+    "cudnn.allow_tf32": False,
+    "float32_matmul_precision": "highest",
+    "cudnn.benchmark": False,
+    "cudnn.deterministic": False,
+    "deterministic_algorithms": False,
+}
+
+
+def time_reference(referee, task, settings) -> dict:
+    """Warm up, then timed batches of fresh secret inputs until the reference has run `timing_min_s`; keeps each
+    batch's seeds, forward and hand-off times and a secret sample of checked outputs."""
+    calls = timing.batch_size(task.call_ms, task.input_bytes, task.output_bytes, exchange.ARENA_BUDGET)
+    plan = {"calls": calls, "batches": [], "forward": [], "handoff": [], "samples": []}
+    ask = lambda m, s, t=600.0: ref_ask(task, m, s, t)  # noqa: E731
+    with reference_side():
+        warm_up(referee, task, task.runner, calls, settings, ask)
+        while not timing.reference_done(
+            [timing.per_call_ms(f, task.overhead_ms, calls) for f in plan["forward"]],
+            calls,
+            float(settings["timing_min_s"]),
+        ):
+            seeds = [secrets.randbits(62) for _ in range(calls)]
+            batch = timed_batch(referee, task, task.runner, seeds, ask)
+            outputs, handoff_s = ref_handoff(referee, task, batch["metas"])
+            checked = sorted(secrets.SystemRandom().sample(range(calls), min(calls, CHECKED_PER_BATCH)))
+            plan["samples"].append({i: sample(referee, outputs[i]) for i in checked})
+            plan["batches"].append(seeds)
+            plan["forward"].append(batch["forward_ms"])
+            plan["handoff"].append(1000.0 * handoff_s)
+    plan["per_call"] = timing.per_call_times(plan["forward"], plan["handoff"], plan["handoff"], task.overhead_ms, calls)
+    return plan
+
+
+def warm_up(referee, task, runner, calls, settings, ask) -> None:
+    begin, done = time.perf_counter(), 0
+    while done < max(1, int(settings["warmup"])) or time.perf_counter() - begin < timing.WARMUP_MIN_S:
+        seeds = [secrets.randbits(62) for _ in range(calls)]
+        timed_batch(referee, task, runner, seeds, ask)
+        ask({"op": "drop"}, "warm-up", 600.0)
+        done += 1
+
+
+def timed_batch(referee, task, runner, seeds, ask) -> dict:
+    """One timed batch: fresh inputs staged, caches flushed, then the referee's clock around the call."""
+    values = [referee.draw(task, s, "random") for s in seeds]
+    specs = referee.stage(runner, values, "timing")
+    referee.flush()
+    calls = [{"args": sp, "seed": s if task.stochastic else None} for sp, s in zip(specs, seeds)]
+    answered(ask({"op": "prepare", "calls": calls}, "timing", 60.0))
+    cpu = procs.cpu_seconds(runner.pid)
+    begin = time.perf_counter()
+    reply = answered(ask({"op": "go"}, "timing", call_timeout(task, len(seeds))))
+    forward_s = time.perf_counter() - begin
+    cores = (procs.cpu_seconds(runner.pid) - cpu) / forward_s if forward_s > 0 else 0.0
+    metas = answered(ask({"op": "outs"}, "timing", 60.0))["outs"]
+    return {
+        "forward_ms": 1000.0 * forward_s,
+        "metas": metas,
+        "specs": specs,
+        "values": values,
+        "cores": cores,
+        "kernel_calls": reply.get("kernel_calls", 0),
+    }
+
+
+def answered(reply: dict) -> dict:
+    if not reply.get("ok"):
+        raise CallFailed(reply.get("error", "call failed"))
+    return reply
+
+
+def sample(referee, outputs: list) -> list:
+    """A secret sample of each output leaf: (positions, values), or the whole leaf when it is small."""
+    torch = referee.torch
+    kept = []
+    for leaf in outputs:
+        if not isinstance(leaf, torch.Tensor):
+            kept.append((None, leaf))
+            continue
+        flat = leaf.reshape(-1)
+        if flat.numel() <= SAMPLES:
+            kept.append((None, flat.clone()))
+        else:
+            at = torch.randint(0, flat.numel(), (SAMPLES,), generator=referee.positions, device=flat.device)
+            kept.append((at, flat[at].clone()))
+    return kept
+
+
+def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None:
+    settings = job["settings"]
+    if settings["mode"] == "kernelbench":
+        return time_kernelbench(referee, task, candidate, settings, facts, deadline)
+    torch = referee.torch
+    calls = plan["calls"]
+    ask = lambda m, s, t=600.0: candidate.ask(m, s, limit(deadline, t))  # noqa: E731
+    warm_up(referee, task, candidate, calls, settings, ask)
+    forward, handoffs, cores = [], [], []
+    timed = {"calls": 0, "mismatch": None, "mutated": []}
+    reference = timing.summary(plan["per_call"])
+    for number, (seeds, samples) in enumerate(zip(plan["batches"], plan["samples"])):
+        batch = timed_batch(referee, task, candidate, seeds, ask)
+        for i, call in enumerate(batch["metas"]):
+            mismatch = checks.structure(call, task.meta)
+            if mismatch:
+                timed["mismatch"] = f"call {number * calls + i + 1}: {mismatch}"
+        if timed["mismatch"]:
+            break
+        outputs, handoff_s = referee.handoff(
+            candidate, batch["metas"], "timing", limit(deadline, call_timeout(task, calls))
+        )
+        forward.append(batch["forward_ms"])
+        handoffs.append(1000.0 * handoff_s)
+        cores.append(batch["cores"])
+        timed["calls"] += calls
+        for i, kept in samples.items():
+            failed = sample_mismatch(torch, outputs[i], kept, settings)
+            if failed:
+                timed["mismatch"] = f"call {number * calls + i + 1}: {failed}"
+        for i in range(calls):
+            timed["mutated"] += [
+                j for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i]) if j not in timed["mutated"]
+            ]
+        per_call = timing.per_call_times(forward, handoffs, plan["handoff"], task.overhead_ms, calls)
+        if timed["mismatch"] or timing.candidate_done(
+            per_call, calls, float(settings["timing_min_s"]), reference["median_ms"]
+        ):
+            break
+    facts["timed"] = timed
+    if forward:
+        per_call = timing.per_call_times(forward, handoffs, plan["handoff"], task.overhead_ms, calls)
+        facts["timing"] = {
+            "ref": reference,
+            "new": timing.summary(per_call),
+            "calls_per_batch": calls,
+            "deferred": timing.deferred(handoffs, plan["handoff"], forward),
+            "cores": sorted(cores)[len(cores) // 2],
+            "cores_allowed": referee.threads,
+        }
+    inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
+
+
+def sample_mismatch(torch, leaves: list, kept: list, settings: dict) -> str | None:
+    for index, (leaf, (at, expected)) in enumerate(zip(leaves, kept)):
+        if at is None and not isinstance(expected, torch.Tensor):
+            if leaf != expected:
+                return f"output {index}: {leaf!r} != {expected!r}"
+            continue
+        got = leaf.reshape(-1) if at is None else leaf.reshape(-1)[at]
+        facts = checks.compare([got], [expected], settings, strict_finite=True)
+        if not checks.passes(facts):
+            return checks.trial_failure(facts)
+    return None
+
+
+def time_kernelbench(referee, task, candidate, settings, facts, deadline) -> None:
+    values = referee.draw(task, SEED, "random")
+    specs = referee.stage(candidate, [values], "timing")[0]
+    trials = int(settings["timing_trials"]) + 1 + int(settings["warmup"])
+    reply = candidate.ask(
+        {
+            "op": "kb_time",
+            "args": specs,
+            "warmup": settings["warmup"],
+            "trials": settings["timing_trials"],
+            "discard": 1,
+        },
+        "timing",
+        limit(deadline, call_timeout(task, trials)),
+    )
+    if not reply.get("ok"):
+        facts["trials"].append({"number": len(facts["trials"]) + 1, "kind": "timing", "error": reply.get("error")})
+        return
+    facts["timing"] = {
+        "ref": timing.kernelbench_summary(task.kb_times),
+        "new": timing.kernelbench_summary(reply["times_ms"]),
+    }
+
+
+def inspect(referee, task, candidate, facts, deadline, own_kernels: list[str] | None) -> None:
+    """What ran in the candidate's forward (profiler) and the state it left (backend flags, harness functions)."""
+    values = referee.draw(task, secrets.randbits(62), "random")
+    specs = referee.stage(candidate, [values], "profile")[0]
+    reply = candidate.ask({"op": "profile", "args": specs}, "profile", limit(deadline, call_timeout(task, 1) + 30))
+    names = reply.get("names") if reply.get("ok") else None
+    own = None if own_kernels is None else set(own_kernels) - set(task.profile or {})
+    facts["profile"] = {
+        "device": referee.device,
+        "names": names,
+        "reference": task.profile,
+        "own": None if own is None else sorted(own),
+        "launched_own": sorted(n for n in (names or {}) if own and n in own),
+    }
+    state = candidate.ask({"op": "state"}, "profile", limit(deadline, 30.0))
+    backend = state.get("backend") or {}
+    expected = {**EXPECTED_BACKEND, "num_threads": referee.threads}
+    facts["state"] = {
+        "backend_changed": sorted(k for k, v in expected.items() if backend.get(k, v) != v),
+        "tampered": state.get("tampered") or [],
+    }

@@ -1,0 +1,358 @@
+"""The verify and compile steps as the workflow runs them: candidates in, builds and verdicts out.
+
+`compile_frame` builds every candidate's extension in a pool of sandboxed builder children into the build cache
+(docs/data.md §4a). `verify_frame` hands each candidate to a referee (concur.verify.referee: one per GPU, or
+`workers` on the CPU), the candidates of one task in a row so the task's reference process is made once, and turns
+the referee's facts into verdicts with concur.verify.checks (§4). Referees and the builders' zygote live as long as
+this process and are reused by later calls with the same settings.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from concur.verify import compiling, procs
+from concur.verify import settings as verify_settings
+from concur.verify.screen import screen
+
+log = logging.getLogger("concur.verify")
+TERMINAL_BUILDS = ("no_code", "rejected", "compile_error", "timeout", "runtime_error")
+REFEREE_START_S = 600.0
+
+
+@dataclass
+class Job:
+    index: int
+    candidate_id: str
+    task_id: str
+    reference: str
+    solution: str
+    build: dict | None = None  # this candidate's row of the builds table
+
+
+def cache_root_of(settings: dict, workdir: Path) -> Path:
+    root = Path(settings.get("build_cache") or Path(workdir) / "build-cache").resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def device_label(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return f"cuda:{torch.cuda.get_device_name(0)}"
+    return "cpu"
+
+
+def blank_verdict(status: str, reason: str, settings: dict, label: str) -> dict:
+    nan = math.nan
+    return {
+        "status": status,
+        "reason": reason,
+        "compiled": False,
+        "correct": False,
+        "ref_ms": nan,
+        "new_ms": nan,
+        "ref_median_ms": nan,
+        "new_median_ms": nan,
+        "speedup": 0.0,
+        "max_abs_err": nan,
+        "device": label,
+        "verify_mode": settings["mode"],
+        "compile_s": 0.0,
+        "eval_s": 0.0,
+        "flags": "",
+        "trusted": True,
+    }
+
+
+def pre_verdict(job: Job, settings: dict) -> tuple[str, str] | None:
+    """(status, reason) when no process is needed: no code, or rejected by the static screen (hardened)."""
+    if not job.solution.strip():
+        return "no_code", "no code block in the answer"
+    if settings["mode"] == "hardened":
+        findings = screen(job.solution)
+        if findings:
+            return "rejected", f"screen:{findings[0].rule}"
+    return None
+
+
+# ---------------------------------------------------------------- builds
+
+
+_BUILDERS: procs.Zygote | None = None
+_LOCK = threading.Lock()
+
+
+def builders() -> procs.Zygote:
+    global _BUILDERS
+    with _LOCK:
+        if _BUILDERS is None or not _BUILDERS.alive():
+            _BUILDERS = procs.Zygote(env=trusted_env(), clean=True)
+        return _BUILDERS
+
+
+def run_builds(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -> list[dict]:
+    """Build rows for `jobs` in order: decided here when possible, else built by a pool of `compile_workers`."""
+    rows: list[dict | None] = [None] * len(jobs)
+    to_build = []
+    for job in jobs:
+        early = pre_verdict(job, settings)
+        rows[job.index] = None if early is None else compiling.row(early[0], early[1], "", 0.0)
+        if early is None:
+            to_build.append(job)
+    if not to_build:
+        return rows  # type: ignore[return-value]
+    cache_root = cache_root_of(settings, workdir)
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="concur-build-", dir=Path(workdir).resolve()))
+    zygote = builders()
+    workers = int(settings.get("compile_workers") or verify_settings.cores())
+    threads = max(1, verify_settings.cores() // workers)
+    shared = {**settings, "timeout_s": max(compiling.PCH_TIMEOUT_S, float(settings["timeout_s"]))}
+    if compiling.torch_pch_missing(settings):
+        compiling.build(zygote, "", shared, cache_root, scratch / "pch", threads=verify_settings.cores(), trusted=True)
+    for i, program in enumerate(compiling.warm_programs([j.solution for j in to_build], settings)):
+        compiling.build(zygote, program, shared, cache_root, scratch / f"warm-{i}", verify_settings.cores(), True)
+    trusted = settings["sandbox"] == "off"
+
+    def build(job: Job) -> dict:
+        return compiling.build(
+            zygote, job.solution, settings, cache_root, scratch / f"{job.index:06d}", threads, trusted
+        )
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(build, job): job for job in to_build}
+        for future in _progress(as_completed(futures), len(futures), progress, "compile"):
+            rows[futures[future].index] = future.result()
+    shutil.rmtree(scratch, ignore_errors=True)
+    return rows  # type: ignore[return-value]
+
+
+def _progress(iterable, total: int, enabled: bool, desc: str):
+    if not enabled:
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, unit="cand", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- referees
+
+
+class RefereeDied(RuntimeError):
+    pass
+
+
+TRUSTED_ENV = (
+    "HOME",
+    "TMPDIR",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "CUDA_MODULE_LOADING",
+    "CUDA_LAUNCH_BLOCKING",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TORCH_HOME",
+    "XDG_CACHE_HOME",
+    "CXX",
+    "CC",
+    "CFLAGS",
+    "CXXFLAGS",
+    "LDFLAGS",
+    "CPPFLAGS",
+    "MAX_JOBS",
+)
+
+
+def trusted_env() -> dict[str, str]:
+    """The environment of the referees and zygotes: what CUDA, torch and the compilers need, nothing else (a
+    candidate can read a process's environment; API keys and tokens stay in the job's own process)."""
+    from concur.verify.runner import PASSED_ENV
+
+    return {k: v for k, v in os.environ.items() if k in PASSED_ENV or k in TRUSTED_ENV or k.startswith("CONCUR_")}
+
+
+class RefereeHandle:
+    """A referee process (concur.verify.referee) on one device."""
+
+    def __init__(
+        self,
+        device: str,
+        gpu: str | None,
+        cache_root: Path,
+        threads: int,
+        workers: int,
+        confine: bool,
+        profiler: bool,
+        cpus: list[int] | None,
+    ):
+        self.args = (device, gpu, cache_root, threads, workers, confine, profiler, cpus)
+        self.root = Path(tempfile.mkdtemp(prefix="concur-referee-"))
+        self.log = self.root / "referee.log"
+        env = trusted_env()
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        self.proc, self.channel = procs.start_module("concur.verify.referee", env, self.log)
+        try:
+            self.channel.send(
+                {
+                    "device": device,
+                    "workdir": str(self.root),
+                    "cache_root": str(cache_root),
+                    "threads": threads,
+                    "workers": workers,
+                    "confine": confine,
+                    "profiler": profiler,
+                    "cpus": cpus,
+                }
+            )
+            reply, _ = self.channel.recv(timeout=REFEREE_START_S)
+        except (procs.ChannelClosed, TimeoutError, OSError) as err:
+            raise RuntimeError(f"the referee did not start ({type(err).__name__}); see {self.log}") from None
+        if not reply.get("ok"):
+            raise RuntimeError(f"the referee did not start: {reply.get('error')}")
+        self.label = reply["device"]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def evaluate(self, job: dict, timeout: float) -> dict:
+        try:
+            self.channel.send({"op": "job", "job": job})
+            reply, _ = self.channel.recv(timeout=timeout)
+        except (procs.ChannelClosed, TimeoutError, OSError) as err:
+            tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+            self.close()
+            raise RefereeDied(f"the referee stopped ({type(err).__name__}): {tail.strip()[-300:]}") from None
+        return reply["facts"]
+
+    def restarted(self) -> RefereeHandle:
+        self.close()
+        return RefereeHandle(*self.args)
+
+    def close(self) -> None:
+        try:
+            self.channel.send({"op": "quit"})
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        procs._kill_group(self.proc.pid)
+        self.channel.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+_POOL: tuple[tuple, list[RefereeHandle]] | None = None
+
+
+def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
+    """One referee per visible GPU (each keeping `workers` contestants ready), or `workers` on the CPU; reused while
+    the settings that shape them stay the same."""
+    global _POOL
+    cores = verify_settings.cores()
+    workers = int(settings["workers"])
+    if settings["device"] == "cuda":
+        gpus = verify_settings.visible_gpus()
+        slots, threads = gpus, max(1, cores // (len(gpus) * (workers + 1)))
+        mine = sorted(os.sched_getaffinity(0))
+        share = max(1, len(mine) // len(gpus))
+        cpus = [mine[i * share : (i + 1) * share] for i in range(len(gpus))]  # each GPU's referee its own cores
+    else:
+        slots, threads, cpus = [None] * workers, max(1, cores // workers), [None] * workers
+    confine = settings["sandbox"] != "off"
+    profiler = settings["device"] == "cuda" and settings["mode"] == "hardened"
+    key = (settings["device"], tuple(str(s) for s in slots), str(cache_root), threads, workers, confine, profiler)
+    with _LOCK:
+        if _POOL is not None and _POOL[0] == key and all(h.proc.poll() is None for h in _POOL[1]):
+            return _POOL[1]
+        close_referees()
+        with ThreadPoolExecutor(max_workers=len(slots)) as pool:
+            handles = list(
+                pool.map(
+                    lambda slot: RefereeHandle(
+                        settings["device"], slot[0], cache_root, threads, workers, confine, profiler, slot[1]
+                    ),
+                    zip(slots, cpus),
+                )
+            )
+        _POOL = (key, handles)
+        return handles
+
+
+def close_referees() -> None:
+    global _POOL
+    if _POOL is not None:
+        for handle in _POOL[1]:
+            handle.close()
+        _POOL = None
+
+
+@atexit.register
+def _shutdown() -> None:
+    close_referees()
+    if _BUILDERS is not None:
+        _BUILDERS.close()
+
+
+def evaluate_all(payloads: list[dict], settings: dict, cache_root: Path, progress: bool, on_done) -> None:
+    """Evaluate every payload on the referees: the payloads of one task in a row on one referee."""
+    handles = referees(settings, cache_root)
+    groups: dict[str, list[dict]] = {}
+    for payload in payloads:
+        groups.setdefault(payload["task_id"], []).append(payload)
+    work: queue.Queue = queue.Queue()
+    for group in groups.values():
+        work.put(group)
+    bar = _progress(None, len(payloads), progress, "verify") if progress else None
+    timeout = 3 * float(settings["timeout_s"]) + REFEREE_START_S
+
+    def drain(slot: int) -> None:
+        while True:
+            try:
+                group = work.get_nowait()
+            except queue.Empty:
+                return
+            for payload in group:
+                on_done(payload, evaluate_with_retry(handles, slot, payload, timeout))
+                if bar is not None:
+                    bar.update(1)
+
+    threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(handles))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if bar is not None:
+        bar.close()
+
+
+def evaluate_with_retry(handles: list[RefereeHandle], slot: int, payload: dict, timeout: float) -> dict:
+    """A referee that dies (a bug, a node problem) is restarted and the candidate tried once more."""
+    for attempt in (1, 2):
+        try:
+            return handles[slot].evaluate(payload, timeout)
+        except RefereeDied as err:
+            log.warning("referee %d died on %s (attempt %d): %s", slot, payload["candidate_id"], attempt, err)
+            handles[slot] = handles[slot].restarted()
+    return {
+        "failure": {
+            "kind": "referee",
+            "stage": "evaluate",
+            "detail": "the referee died twice on this candidate",
+            "seconds": 0,
+        }
+    }

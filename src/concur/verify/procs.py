@@ -1,0 +1,335 @@
+"""Processes of the verifier: message channels, the zygote that forks sandboxed children, and their cleanup.
+
+A zygote (`python -m concur.verify.zygote`) imports torch once and never touches CUDA; it forks one child per
+request, each in a session of its own, dying with the zygote, sandboxed (concur.verify.sandbox) before any
+candidate code runs, and talking to its requester over a socket of its own that the zygote hands back. The zygote
+is a subreaper: whatever a child leaves behind (a double fork) is reparented to it and killed with the child.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+HEADER = struct.Struct("!I")
+MAX_MESSAGE = 64 << 20
+MAX_FDS = 8
+
+
+class ChannelClosed(EOFError):
+    """The other end of a channel is gone."""
+
+
+class Channel:
+    """Length-prefixed JSON messages over a Unix stream socket; file descriptors may ride along with a message."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.send_lock = threading.Lock()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, message: dict, fds: list[int] = ()) -> None:
+        body = json.dumps(message, separators=(",", ":"), default=_plain).encode()
+        with self.send_lock:
+            head = HEADER.pack(len(body))
+            if fds:
+                socket.send_fds(self.sock, [head], list(fds))
+                self.sock.sendall(body)
+            else:
+                self.sock.sendall(head + body)
+
+    def recv(self, timeout: float | None = None) -> tuple[dict, list[int]]:
+        """The next message and the descriptors sent with it. Raises TimeoutError, or ChannelClosed at EOF."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        head, fds = self._read(HEADER.size, deadline, with_fds=True)
+        (size,) = HEADER.unpack(head)
+        if size > MAX_MESSAGE:
+            raise ValueError(f"message of {size} bytes")
+        body, _ = self._read(size, deadline, with_fds=False)
+        message = json.loads(body)
+        if not isinstance(message, dict):
+            raise ValueError("message is not an object")
+        return message, fds
+
+    def _read(self, size: int, deadline: float | None, with_fds: bool) -> tuple[bytes, list[int]]:
+        data, fds = b"", []
+        while len(data) < size:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.sock], [], [], wait)[0]:
+                raise TimeoutError("no message in time")
+            if with_fds and not data:
+                chunk, got, _, _ = socket.recv_fds(self.sock, size, MAX_FDS)
+                fds += got
+            else:
+                chunk = self.sock.recv(size - len(data))
+            if not chunk:
+                raise ChannelClosed("channel closed")
+            data += chunk
+        return data, fds
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _plain(value):
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def request(channel: Channel, message: dict, timeout: float | None, fds: list[int] = ()) -> dict:
+    """Send a command and wait for its reply."""
+    channel.send(message, fds)
+    reply, extra = channel.recv(timeout)
+    for fd in extra:
+        os.close(fd)
+    return reply
+
+
+# ---------------------------------------------------------------- the requester's end of a zygote
+
+
+class Zygote:
+    """Start children through a zygote process. Thread-safe: several threads may spawn and wait at once."""
+
+    def __init__(self, log_path: str | None = None, env: dict | None = None, clean: bool = False):
+        """`clean`: the zygote gets `env` alone, not this process's environment with `env` on top."""
+        full_env = {**({} if clean else os.environ), **(env or {}), "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+        self.proc, self.channel = start_module("concur.verify.zygote", full_env, log_path)
+        self.lock = threading.Lock()
+        self.next_ref = 0
+        self.spawned: dict[int, queue.Queue] = {}
+        self.exits: dict[int, queue.Queue] = {}
+        self.ended: dict[int, int] = {}  # pid -> exit code, once reported
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def spawn(self, spec: dict, timeout: float = 120.0) -> tuple[int, Channel]:
+        """Fork a child for `spec` (see zygote.start_child); returns its pid and its channel."""
+        with self.lock:
+            self.next_ref += 1
+            ref = self.next_ref
+            answer = self.spawned[ref] = queue.Queue()
+        self.channel.send({"op": "spawn", "ref": ref, "spec": spec})
+        try:
+            pid, fd = answer.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError("the zygote did not start a child in time") from None
+        finally:
+            with self.lock:
+                self.spawned.pop(ref, None)
+        return pid, Channel(socket.socket(fileno=fd))
+
+    def kill(self, pid: int) -> None:
+        """Kill a child's whole session, and whatever it left behind."""
+        _kill_group(pid)
+        try:
+            self.channel.send({"op": "kill", "pid": pid})
+        except OSError:
+            pass
+
+    def wait(self, pid: int, timeout: float) -> int | None:
+        """The child's exit code (minus the signal that ended it), or None while it still runs."""
+        with self.lock:
+            if pid in self.ended:
+                return self.ended[pid]
+        try:
+            code = self._exit_queue(pid).get(timeout=timeout)
+        except queue.Empty:
+            return None
+        with self.lock:
+            self.exits.pop(pid, None)
+            self.ended[pid] = code
+        return code
+
+    def end(self, pid: int, timeout: float = 30.0) -> int | None:
+        """Kill a child and wait until it is gone (a GPU context is released only then)."""
+        self.kill(pid)
+        return self.wait(pid, timeout)
+
+    def close(self) -> None:
+        self.channel.close()  # the zygote kills its children and exits at EOF
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.proc.pid)
+
+    def _exit_queue(self, pid: int) -> queue.Queue:
+        with self.lock:
+            return self.exits.setdefault(pid, queue.Queue())
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message, fds = self.channel.recv()
+            except (ChannelClosed, OSError, ValueError):
+                return
+            if message.get("op") == "spawned":
+                with self.lock:
+                    target = self.spawned.get(message["ref"])
+                if target is None or not fds:
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                target.put((message["pid"], fds[0]))
+            elif message.get("op") == "exit":
+                self._exit_queue(message["pid"]).put(message["code"])
+
+
+def start_module(module: str, env: dict, log_path) -> tuple[subprocess.Popen, Channel]:
+    """`python -m <module> <fd>` in a session of its own, talking over a socket on <fd>; its output to `log_path`."""
+    mine, theirs = socket.socketpair()
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            start_new_session=True,
+        )
+    finally:
+        theirs.close()
+        if log_path:
+            log.close()
+    return proc, Channel(mine)
+
+
+class Stopped(Exception):
+    """A child stopped answering: `kind` is timeout, crash, memory or processes."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(detail)
+        self.kind, self.detail = kind, detail
+
+
+def await_reply(
+    channel: Channel, zygote: Zygote, pid: int, timeout: float, memory_kb: int, max_processes: int, poll_s: float = 0.2
+) -> dict:
+    """The child's next message, within `timeout` and its limits (memory and processes of its session, read from
+    /proc every `poll_s`); over a limit the child is killed. Raises Stopped."""
+    start = time.monotonic()
+    while True:
+        try:
+            reply, extra = channel.recv(timeout=min(poll_s, max(0.0, start + timeout - time.monotonic())))
+            for fd in extra:
+                os.close(fd)
+            return reply
+        except TimeoutError:
+            pass
+        except (ChannelClosed, ConnectionResetError, OSError):
+            raise Stopped("crash", describe_exit(zygote.wait(pid, 5.0)) + " before replying") from None
+        if time.monotonic() - start >= timeout:
+            raise Stopped("timeout", "no reply")
+        processes, used_kb = session_usage(pid)
+        if processes > max_processes:
+            zygote.end(pid)
+            raise Stopped("processes", f"{processes} processes (limit {max_processes})")
+        if used_kb > memory_kb:
+            zygote.end(pid)
+            raise Stopped("memory", f"out of memory: {used_kb // 1024} MB in use (limit {memory_kb // 1024} MB)")
+
+
+# ---------------------------------------------------------------- process trees
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            stat = _stat(entry.name)
+            if stat and int(stat[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _stat(pid: str) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name: state, ppid, pgrp, session, ..."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def session_usage(sid: int) -> tuple[int, int]:
+    """(processes, memory KB) of the session `sid`, read from /proc.
+
+    Memory is the proportional set size: forked children share their parent's pages, and summing resident sizes
+    would count those pages once per child."""
+    processes = memory_kb = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        stat = _stat(entry.name)
+        if not stat or int(stat[3]) != sid:
+            continue
+        processes += 1
+        memory_kb += pss_kb(entry.name, int(stat[21]))
+    return processes, memory_kb
+
+
+def move_threads(pid: int, cpus: list[int]) -> None:
+    """Move every thread of a process to these cores (a process's own affinity covers only its main thread)."""
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except OSError:
+                pass
+    except OSError:
+        pass
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process, all its threads together."""
+    stat = _stat(str(pid))
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") if stat else 0.0
+
+
+def pss_kb(pid: str, rss_pages: int = 0) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return rss_pages * (os.sysconf("SC_PAGE_SIZE") // 1024)
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"

@@ -1,0 +1,243 @@
+"""The referee: the trusted process that judges candidates on one device (one GPU, or the CPU).
+
+`python -m concur.verify.referee <fd>` takes jobs from the orchestrator over its socket and answers each with raw
+facts (concur.verify.checks decides the verdict). Per job it never runs a line of the candidate's code itself: the
+reference and the candidate each run in a contestant process (concur.verify.contestant) forked from its zygote,
+sandboxed, on views of arenas it owns. It draws every input itself (on the device, from seeds only it knows in
+hardened mode), keeps the reference's outputs and its private copy of the inputs, compares, and times both models
+with its own clock (concur.verify.timing). The reference is timed before the candidate's module is even loaded; a
+candidate process is killed and gone before the next one loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from concur.verify import exchange, procs, sandbox
+from concur.verify.build import describe
+from concur.verify.reference import CallFailed
+from concur.verify.runner import Runner
+
+
+def split_cores(cpus: list[int] | None, threads: int) -> tuple[list[int], list[int]]:
+    """(active, spare): the cores for this referee and the contestant it times, and the cores on which the next
+    contestants start (CUDA and CUPTI start-up takes seconds of CPU). Nothing is split on fewer than 4 cores."""
+    if not cpus or len(cpus) < 4:
+        return [], []
+    active = max(3, min(threads + 2, len(cpus) // 2))
+    return list(cpus[:active]), list(cpus[active:])
+
+
+class Referee:
+    def __init__(self, hello: dict):
+        self.device = hello["device"]
+        self.workdir = Path(hello["workdir"])
+        self.cache_root = Path(hello["cache_root"])
+        self.threads, self.workers = int(hello["threads"]), int(hello["workers"])
+        self.confine = bool(hello.get("confine", True))
+        self.active, self.spare = split_cores(hello.get("cpus"), self.threads)
+        if self.active:  # this process and the contestant being judged never share cores with starting ones
+            os.sched_setaffinity(0, self.active)
+        self.profiler = bool(hello.get("profiler", False))  # hardened jobs on CUDA profile their candidates
+        zygote_env = {"CUDA_MODULE_LOADING": "LAZY"}
+        if self.spare:
+            zygote_env["CONCUR_CPUS"] = ",".join(map(str, self.spare))
+        self.zygote = procs.Zygote(str(self.workdir / "zygote.log"), env=zygote_env)
+        import torch
+
+        self.torch = torch
+        torch.set_num_threads(self.threads)
+        self.label = "cpu"
+        self.flush_buffer = None
+        if self.device == "cuda":
+            torch.cuda.init()
+            props = torch.cuda.get_device_properties(0)
+            self.label = f"cuda:{props.name}"
+            self.flush_buffer = torch.empty(
+                2 * (getattr(props, "L2_cache_size", 0) or 64 << 20), dtype=torch.uint8, device="cuda"
+            )
+        self.pool: deque[Runner] = deque()
+        self.serial = 0
+        self.task = None
+        self.positions = torch.Generator(device="cuda" if self.device == "cuda" else "cpu")
+        self.positions.manual_seed(secrets.randbits(63))
+        self.refill()
+
+    # ------------------------------------------------------------ contestants
+
+    def spawn(self, memory_mb: int, max_processes: int = 64) -> Runner:
+        self.serial += 1
+        folder = self.workdir / "contestants" / f"{os.getpid()}-{self.serial}"
+        hidden = [str(self.workdir), str(self.cache_root)] if self.confine else None
+        return Runner(
+            self.zygote,
+            folder,
+            self.device,
+            self.threads,
+            hidden,
+            [str(self.cache_root)],
+            memory_mb,
+            max_processes,
+            self.profiler,
+        )
+
+    def refill(self, memory_mb: int = 16384, max_processes: int = 64) -> None:
+        while len(self.pool) < self.workers:
+            self.pool.append(self.spawn(memory_mb, max_processes))
+
+    def take(self, memory_mb: int, max_processes: int) -> Runner:
+        runner = self.pool.popleft() if self.pool else self.spawn(memory_mb, max_processes)
+        runner.memory_kb, runner.max_processes = memory_mb * 1024, max_processes
+        runner.ready()
+        if self.active:
+            procs.move_threads(runner.pid, self.active)
+        return runner
+
+    # ------------------------------------------------------------ inputs and outputs
+
+    def draw(self, task, seed: int, kind: str) -> list:
+        """get_inputs() under `seed`, made on the device (fast, and no host memory for large tasks); `signed` trials
+        draw from signed distributions. On a GPU the numbers differ from a CPU draw of the same seed."""
+        torch = self.torch
+        torch.manual_seed(seed)
+        if self.device == "cuda":
+            torch.cuda.manual_seed_all(seed)
+        with other_distributions(torch) if kind == "signed" else contextlib.nullcontext(), torch.device(self.device):
+            values = list(task.namespace["get_inputs"]())
+        return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
+
+    def stage(self, runner: Runner, calls: list[list], stage: str) -> list[list[dict]]:
+        """Write each call's inputs into the runner's input arena; returns their specs."""
+        specs, end = [], 0
+        for values in calls:
+            spec = exchange.specs_of(values)
+            end = exchange.place(spec, end)
+            specs.append(spec)
+        arena = runner.arena("in", end, stage)
+        for values, spec in zip(calls, specs):
+            for value, s in zip(values, spec):
+                if s["t"] == "tensor":
+                    exchange.write(arena.bytes, s, value)
+        self.sync()
+        return specs
+
+    def handoff(
+        self, runner: Runner, metas: list[list[dict]], stage: str, timeout: float, start: int = 0, grow: bool = True
+    ) -> tuple[list, float]:
+        """Have the runner copy its kept outputs into its output arena, from `start` plus a random offset; returns
+        the outputs as views of the arena, and the seconds the hand-off took. Views from earlier hand-offs stay
+        valid unless the arena has to grow (`grow=False` refuses to)."""
+        layouts, end = [], exchange.aligned(start)
+        for call in metas:
+            layout = exchange.output_layout(call, end)
+            end = max([end] + [s["off"] + exchange.nbytes(s) for s in layout if s["t"] == "tensor"])
+            layouts.append(layout)
+        current = runner.arenas["out"]
+        if not grow and (current is None or current.nbytes < end + exchange.OUT_SLACK):
+            raise CallFailed("no room in the output arena")
+        arena = runner.arena("out", end + exchange.OUT_SLACK, stage)
+        base = secrets.randbelow(exchange.OUT_SLACK // exchange.ALIGN) * exchange.ALIGN
+        for layout in layouts:
+            for spec in layout:
+                if spec["t"] == "tensor":
+                    spec["off"] += base
+        begin = time.perf_counter()
+        reply = runner.ask({"op": "handoff", "specs": layouts}, stage, timeout)
+        seconds = time.perf_counter() - begin
+        if not reply.get("ok"):
+            raise CallFailed(reply.get("error", "hand-off failed"))
+        return [exchange.values_of(arena.bytes, layout) for layout in layouts], seconds
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def flush(self) -> None:
+        """Cold caches for the next timed batch: persisting L2 lines made normal, then 2x L2 overwritten."""
+        if self.flush_buffer is not None:
+            exchange.driver().reset_persisting_l2()
+            self.flush_buffer.zero_()
+            self.sync()
+
+    # ------------------------------------------------------------ jobs
+
+    def evaluate(self, job: dict) -> dict:
+        from concur.verify import evaluation
+
+        return evaluation.evaluate(self, job)
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.task.close()
+        for runner in self.pool:
+            runner.end()
+        self.zygote.close()
+
+
+@contextlib.contextmanager
+def other_distributions(torch):
+    """get_inputs() with torch.rand drawing from [-1, 1) and torch.randn twice as wide: the same structure (a
+    triangular mask stays triangular) on values of both signs and larger magnitude."""
+    originals = {name: getattr(torch, name) for name in ("rand", "rand_like", "randn", "randn_like")}
+    torch.rand = lambda *a, **k: originals["rand"](*a, **k).mul_(2).sub_(1)
+    torch.rand_like = lambda *a, **k: originals["rand_like"](*a, **k).mul_(2).sub_(1)
+    torch.randn = lambda *a, **k: originals["randn"](*a, **k).mul_(2)
+    torch.randn_like = lambda *a, **k: originals["randn_like"](*a, **k).mul_(2)
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
+
+
+def serve(fd: int) -> int:
+    sandbox.hide_memory()
+    channel = procs.Channel(socket.socket(fileno=fd))
+    parent = os.getppid()
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    hello, _ = channel.recv()
+    try:
+        referee = Referee(hello)
+    except BaseException as err:
+        channel.send({"ok": False, "error": describe(err)})
+        return 1
+    channel.send({"ok": True, "device": referee.label, "landlock": sandbox.landlock_abi()})
+    try:
+        while True:
+            try:
+                message, _ = channel.recv()
+            except procs.ChannelClosed:
+                break
+            if message.get("op") == "quit":
+                break
+            try:
+                facts = referee.evaluate(message["job"])
+            except BaseException as err:  # a bug here must not look like the candidate's fault
+                import traceback
+
+                traceback.print_exc()
+                facts = {"failure": {"kind": "referee", "stage": "evaluate", "detail": describe(err), "seconds": 0}}
+            channel.send({"facts": facts})
+    finally:
+        referee.close()
+    return 0
+
+
+def _exit_with_parent(parent: int) -> None:
+    """The orchestrator died without saying goodbye (killed): leave now; the zygote kills the contestants when
+    this process's end of its socket closes."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(serve(int(sys.argv[1])))

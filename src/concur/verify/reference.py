@@ -1,0 +1,219 @@
+"""A task's reference on the referee: its program, the contestant that runs it, and what is measured of it once.
+
+Everything that fails while the reference runs (its program raising, its process dying) is the task's failure,
+never a candidate's: `reference_side` turns such failures into ReferenceFailed, which every candidate of the task
+reports as `reference: ...`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+
+from concur.verify import exchange, timing
+from concur.verify.build import describe, exec_program
+from concur.verify.runner import RunnerFailed
+
+SEED = 42
+CALL_FLOOR_S, CALL_FACTOR, FIRST_CALL_EXTRA_S = 5.0, 100.0, 10.0  # a call's deadline, from the reference's time
+LOAD_FLOOR_S = 60.0
+REFERENCE_MEMORY_MB = 65536
+FP64_MAX_BYTES = 4 << 30  # the float64 check runs for tasks whose inputs and outputs take at most this much
+
+
+class ReferenceFailed(Exception):
+    """The task's own program failed: every candidate of the task gets the same runtime error."""
+
+
+class CallFailed(Exception):
+    """A command the contestant answered with an error (its exception, or a CUDA fault)."""
+
+
+class TaskState:
+    """A task's reference program, loaded in the referee (for get_inputs) and in a reference contestant."""
+
+    def __init__(self, referee, job: dict):
+        self.key = task_key(job)
+        self.code = job["reference"]
+        self.mode = job["settings"]["mode"]
+        self.referee, self.runner, self.error = referee, None, None
+        self.meta = self.kb_times = self.profile = None
+        self.stochastic = True
+        self.degenerate: list[str] | None = None  # the probe's answer, once per task
+        self.call_ms = None
+        self.has_double = None
+        try:
+            self.namespace = exec_program(job["reference"], "reference.py", "concur_reference_" + self.key[:12])
+            missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if n not in self.namespace]
+            if missing:
+                raise NameError(f"reference does not define {', '.join(missing)}")
+            torch = referee.torch
+            torch.manual_seed(SEED)
+            self.init = list(self.namespace["get_init_inputs"]())
+        except BaseException as err:
+            self.error = describe(err)
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.end()
+            self.runner = None
+        if self.referee.device == "cuda":  # the next task's tensors have other sizes: give the cached blocks back
+            self.referee.torch.cuda.empty_cache()
+
+
+def task_key(job: dict) -> str:
+    settings = job["settings"]
+    return hashlib.sha256("\0".join([job["task_id"], job["reference"], settings["mode"]]).encode()).hexdigest()
+
+
+def limit(deadline: float, seconds: float) -> float:
+    """A step's time limit, within what is left of the candidate's own budget."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RunnerFailed("timeout", "evaluate", "time budget spent", 0.0)
+    return min(seconds, left)
+
+
+def call_timeout(task, calls: int, first: bool = False) -> float:
+    return max(CALL_FLOOR_S, CALL_FACTOR * task.call_ms / 1000.0 * calls) + (FIRST_CALL_EXTRA_S if first else 0.0)
+
+
+def task_for(referee, job: dict) -> TaskState:
+    if referee.task is None or referee.task.key != task_key(job):
+        if referee.task is not None:
+            referee.task.close()
+        referee.task = TaskState(referee, job)
+        if referee.task.error is None:
+            try:
+                setup_reference(referee, referee.task, job["settings"])
+            except (RunnerFailed, CallFailed, ReferenceFailed) as err:
+                referee.task.error = str(err)
+    if referee.task.error:
+        raise ReferenceFailed(referee.task.error)
+    return referee.task
+
+
+@contextlib.contextmanager
+def reference_side():
+    """Whatever fails while the reference runs is the task's failure, never the candidate's."""
+    try:
+        yield
+    except (RunnerFailed, CallFailed) as err:
+        raise ReferenceFailed(str(err)) from None
+
+
+def ref_ask(task, message: dict, stage: str, timeout: float = 600.0) -> dict:
+    with reference_side():
+        reply = task.runner.ask(message, stage, timeout)
+    if not reply.get("ok"):
+        raise ReferenceFailed(reply.get("error", f"{stage} failed"))
+    return reply
+
+
+def ref_handoff(referee, task, metas: list) -> tuple[list, float]:
+    with reference_side():
+        return referee.handoff(task.runner, metas, "reference", 600.0)
+
+
+def setup_reference(referee, task: TaskState, settings: dict) -> None:
+    """Load Model in a contestant, measure one call, profile it (hardened), time it KernelBench's way
+    (kernelbench mode): all before any candidate of the task runs."""
+    task.runner = runner = referee.take(REFERENCE_MEMORY_MB, 256)
+    program = runner.folder / "reference.py"
+    program.write_text(task.code)
+    with reference_side():
+        init = referee.stage(runner, [task.init], "reference")[0] if task.init else []
+    reply = ref_ask(task, load_message(settings, "reference", "Model", program, init, None), "reference")
+    if reply.get("error") or not reply.get("has_class"):
+        raise ReferenceFailed(reply.get("error") or "no Model")
+    values = referee.draw(task, SEED, "random")
+    with reference_side():
+        specs = referee.stage(runner, [values], "reference")
+    reply = ref_ask(task, {"op": "call", "calls": [{"args": specs[0], "seed": SEED}]}, "reference")
+    task.meta = reply["outs"][0]
+    ref_handoff(referee, task, reply["outs"])
+    samples = []
+    for _ in range(3):
+        ref_ask(task, {"op": "prepare", "calls": [{"args": specs[0], "seed": None}]}, "reference")
+        begin = time.perf_counter()
+        ref_ask(task, {"op": "go"}, "reference")
+        samples.append(time.perf_counter() - begin)
+        ref_ask(task, {"op": "drop"}, "reference")
+    task.stochastic = stochastic(referee, task, specs[0])
+    task.overhead_ms = overhead_ms(task)
+    task.call_ms = max(timing.FLOOR_MS, 1000.0 * sorted(samples)[1] - task.overhead_ms)
+    task.input_bytes = sum(exchange.nbytes(s) for s in specs[0])
+    task.output_bytes = sum(exchange.nbytes(s) for s in exchange.output_layout(task.meta, 0))
+    task.memory_mb = runner.memory_used_kb() // 1024
+    if task.input_bytes + task.output_bytes <= FP64_MAX_BYTES:  # room for the float64 output beside the float32 one
+        with reference_side():
+            runner.arena("out", 3 * task.output_bytes + 4 * exchange.OUT_SLACK, "reference")
+    if settings["mode"] == "hardened":
+        task.profile = ref_ask(task, {"op": "profile", "args": specs[0]}, "reference")["names"]
+    else:
+        reply = ref_ask(
+            task,
+            {
+                "op": "kb_time",
+                "args": specs[0],
+                "warmup": settings["warmup"],
+                "trials": settings["timing_trials"],
+                "discard": 1,
+            },
+            "reference",
+        )
+        task.kb_times = reply["times_ms"]
+
+
+def stochastic(referee, task, specs: list[dict]) -> bool:
+    """Whether the reference draws random numbers in forward (dropout, torch.rand): then every call is seeded, the
+    same way for both models; otherwise timed calls skip the reseeding."""
+    outputs = []
+    for seed in (1, 2):
+        reply = ref_ask(task, {"op": "call", "calls": [{"args": specs, "seed": seed}]}, "reference")
+        got, _ = ref_handoff(referee, task, reply["outs"])
+        outputs.append([o.clone() if isinstance(o, referee.torch.Tensor) else o for o in got[0]])
+    torch = referee.torch
+    return not all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(*outputs))
+
+
+def load_message(settings: dict, role: str, class_name: str, program, init: list, build_dir) -> dict:
+    """Both models are made the same way: seed 42, then the class on the same init inputs (KernelBench's order);
+    kernelbench mode casts models and inputs to float32 as KernelBench does."""
+    return {
+        "op": "load",
+        "role": role,
+        "class_name": class_name,
+        "program": str(program),
+        "seed": SEED,
+        "init": init,
+        "fixed_backend": settings["mode"] == "hardened",
+        "cast": "float32" if settings["mode"] == "kernelbench" else None,
+        "build_dir": build_dir,
+    }
+
+
+def overhead_ms(task) -> float:
+    """The message round trip of an empty batch on the reference's process: subtracted from both sides."""
+    times = []
+    for _ in range(11):
+        ref_ask(task, {"op": "prepare", "calls": []}, "reference")
+        begin = time.perf_counter()
+        ref_ask(task, {"op": "go"}, "reference")
+        times.append(1000.0 * (time.perf_counter() - begin))
+    return sorted(times)[len(times) // 2]
+
+
+# ---------------------------------------------------------------- the candidate: load and correctness trials
+
+
+def mutated(torch, runner, specs: list[dict], values: list) -> list[int]:
+    arena = runner.arenas["in"].bytes
+    changed = []
+    for i, (spec, value) in enumerate(zip(specs, values)):
+        if spec["t"] == "tensor":
+            now = exchange.view(arena, spec)
+            if not torch.equal(now, value) and not torch.equal(torch.nan_to_num(now), torch.nan_to_num(value)):
+                changed.append(i)
+    return changed

@@ -1,0 +1,145 @@
+"""The referee's handle on one contestant process: spawn it sandboxed, give it arenas, ask it things under a
+deadline and a watchdog (memory and processes of its session), and end it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+from concur.verify import exchange, procs
+
+READY_TIMEOUT_S = 120.0
+PASSED_ENV = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "LANG",
+    "LC_ALL",
+    "PYTHONPATH",
+    "TORCH_CUDA_ARCH_LIST",
+    "NVIDIA_VISIBLE_DEVICES",
+)
+
+
+class RunnerFailed(Exception):
+    """A contestant stopped answering: timeout, crash, or killed over a limit."""
+
+    def __init__(self, kind: str, stage: str, detail: str, seconds: float = 0.0):
+        super().__init__(f"{kind} during {stage}: {detail}")
+        self.kind, self.stage, self.detail, self.seconds = kind, stage, detail, seconds
+
+    def facts(self) -> dict:
+        return {"kind": self.kind, "stage": self.stage, "detail": self.detail, "seconds": self.seconds}
+
+
+def contestant_env(folder: Path, threads: int) -> dict:
+    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    tmp = folder / "tmp"
+    env.update(
+        HOME=str(tmp),
+        TMPDIR=str(tmp),
+        CUDA_CACHE_PATH=str(tmp / "nv"),
+        TRITON_CACHE_DIR=str(tmp / "triton"),
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONHASHSEED="0",
+    )
+    return env
+
+
+class Runner:
+    """One contestant process, started at once; `ready()` waits for it to have made its CUDA context."""
+
+    def __init__(
+        self,
+        zygote: procs.Zygote,
+        folder: Path,
+        device: str,
+        threads: int,
+        hidden: list[str] | None,
+        readable: list[str],
+        memory_mb: int,
+        max_processes: int,
+        profiler: bool = False,
+    ):
+        self.zygote, self.folder, self.device = zygote, folder, device
+        (folder / "tmp").mkdir(parents=True, exist_ok=True)
+        self.memory_kb, self.max_processes = memory_mb * 1024, max_processes
+        spec = {
+            "role": "contestant",
+            "cwd": str(folder),
+            "env": contestant_env(folder, threads),
+            "log": str(folder / "contestant.log"),
+            "device": device,
+            "threads": threads,
+            "profiler": profiler,
+            "sandbox": None
+            if hidden is None
+            else {"write": [str(folder)], "read": readable, "hidden": hidden, "devices": device == "cuda"},
+        }
+        self.pid, self.channel = zygote.spawn(spec)
+        self.arenas: dict[str, exchange.Arena | None] = {"in": None, "out": None}
+        self.sandbox: str | None = None
+
+    def ready(self) -> None:
+        if self.sandbox is None:
+            reply = self.ask({"op": "ready"}, "start", READY_TIMEOUT_S, send=False)
+            if not reply.get("ok"):
+                raise RunnerFailed("crash", "start", reply.get("error", "contestant did not start"))
+            self.sandbox = reply["sandbox"]
+            self.startup_s = float(reply.get("startup_s") or 0.0)
+
+    def ask(self, message: dict, stage: str, timeout: float, fds: list[int] = (), send: bool = True) -> dict:
+        """Send a command, wait for the reply under a deadline; kill the process over a limit."""
+        nonce = secrets.token_hex(8)
+        try:
+            if send:
+                self.channel.send({**message, "nonce": nonce}, fds)
+        except (BrokenPipeError, ConnectionResetError):
+            raise RunnerFailed("crash", stage, procs.describe_exit(self.zygote.wait(self.pid, 5.0))) from None
+        try:
+            reply = procs.await_reply(self.channel, self.zygote, self.pid, timeout, self.memory_kb, self.max_processes)
+        except procs.Stopped as err:
+            raise RunnerFailed(err.kind, stage, err.detail, timeout if err.kind == "timeout" else 0.0) from None
+        if send and reply.get("nonce") != nonce:  # a reply written before the command was read: forged
+            self.end()
+            raise RunnerFailed("protocol", stage, "a reply that does not answer the command sent")
+        return reply
+
+    def arena(self, slot: str, nbytes: int, stage: str) -> exchange.Arena:
+        """The arena of this slot, replaced by a larger one (and shared again) when it is too small."""
+        current = self.arenas[slot]
+        if current is not None and current.nbytes >= nbytes:
+            return current
+        fresh = exchange.Arena(self.device, nbytes)
+        message, fds = fresh.share()
+        reply = self.ask({"op": "arena", "slot": slot, **message}, stage, 60.0, fds)
+        if not reply.get("ok"):
+            fresh.close()
+            raise RunnerFailed("crash", stage, f"could not map shared memory: {reply.get('error')}")
+        if current is not None:
+            current.close()
+        self.arenas[slot] = fresh
+        return fresh
+
+    def memory_used_kb(self) -> int:
+        return procs.session_usage(self.pid)[1]
+
+    def end(self) -> None:
+        """Kill the process (its whole session) and wait until it is gone, then free its arenas and folder."""
+        if self.pid:
+            self.zygote.end(self.pid)
+            self.channel.close()
+            self.pid = 0
+        for slot, arena in self.arenas.items():
+            if arena is not None:
+                arena.close()
+            self.arenas[slot] = None
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,0 +1,93 @@
+"""How the referee times both models (hardened mode): pure functions, so the rules can be tested without a GPU.
+
+A timed batch is B calls of forward, each on inputs drawn fresh for it, run back to back by the contestant and
+ended by a device-wide synchronisation; the referee's clock runs from sending the batch to its reply. B grows until
+a batch lasts a few milliseconds, so the message round trip (measured on the reference's process and subtracted
+from both) is a small share of it. The outputs then move to the referee in a separate, also timed, hand-off: work a
+candidate defers past its reply shows up there, and whatever the hand-off takes beyond the reference's is added to
+the candidate's time. The reference is timed first, before the candidate's code is loaded, until it has run
+`timing_min_s` (at least MIN_BATCHES batches); the candidate then replays the same batches, stopping early once it
+is clearly slower than eager. Speedup: the ratio of the medians of per-call times.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+MIN_BATCHES = 10
+MAX_BATCHES = 2000
+MAX_BATCH = 64
+TARGET_BATCH_MS = 2.0
+WARMUP_MIN_S = 0.05  # warm-up at least this long on the GPU, so its clocks have settled
+SLOWER_STOP = 3.0  # the candidate stops once its median per-call time exceeds this many times the reference's
+SLOWER_MIN_BATCHES = 3
+FLOOR_MS = 1e-6
+DEFERRED_SHARE, DEFERRED_FLOOR_MS = 0.25, 0.02  # a hand-off this much slower than the reference's is flagged
+
+
+def batch_size(call_ms: float, input_bytes: int, output_bytes: int, budget_bytes: int) -> int:
+    """Calls per batch: enough for TARGET_BATCH_MS, within MAX_BATCH and the arena budget."""
+    wanted = math.ceil(TARGET_BATCH_MS / max(call_ms, 1e-4))
+    per_call = max(1, input_bytes + output_bytes)
+    return int(max(1, min(wanted, MAX_BATCH, budget_bytes // per_call)))
+
+
+def per_call_ms(forward_ms: float, overhead_ms: float, calls: int, handoff_excess_ms: float = 0.0) -> float:
+    return max(FLOOR_MS, (forward_ms - overhead_ms + max(0.0, handoff_excess_ms)) / max(1, calls))
+
+
+def per_call_times(
+    forward_ms: list[float], handoff_ms: list[float], reference_handoff_ms: list[float], overhead_ms: float, calls: int
+) -> list[float]:
+    """Per-call time of each batch: its forward, minus the round trip, plus whatever its hand-off took beyond the
+    reference's median hand-off (the same rule for both models, so noise in hand-offs favours neither)."""
+    typical = statistics.median(reference_handoff_ms) if reference_handoff_ms else 0.0
+    return [per_call_ms(f, overhead_ms, calls, h - typical) for f, h in zip(forward_ms, handoff_ms)]
+
+
+def reference_done(per_call: list[float], calls: int, budget_s: float) -> bool:
+    """The reference has been timed long enough: MIN_BATCHES batches and `budget_s` of forward time."""
+    spent_ms = sum(per_call) * calls
+    return len(per_call) >= MAX_BATCHES or (len(per_call) >= MIN_BATCHES and spent_ms >= 1000.0 * budget_s)
+
+
+def candidate_done(per_call: list[float], calls: int, budget_s: float, reference_median_ms: float) -> bool:
+    """The candidate's speedup is known well enough: its own time budget is spent, or it is clearly slower."""
+    if len(per_call) >= SLOWER_MIN_BATCHES and statistics.median(per_call) > SLOWER_STOP * reference_median_ms:
+        return True
+    return reference_done(per_call, calls, budget_s)
+
+
+def summary(per_call: list[float]) -> dict:
+    mean = statistics.fmean(per_call)
+    spread = statistics.pstdev(per_call) / mean if len(per_call) > 1 and mean > 0 else 0.0
+    return {"mean_ms": mean, "median_ms": statistics.median(per_call), "cv": spread, "batches": len(per_call)}
+
+
+def deferred(
+    candidate_handoff_ms: list[float], reference_handoff_ms: list[float], candidate_forward_ms: list[float]
+) -> bool:
+    """The candidate's hand-offs take clearly longer than the reference's for the same bytes, beyond their spread
+    and as a share of its own batches: it left work running past its reply (the excess is counted either way)."""
+    if not candidate_handoff_ms or not reference_handoff_ms:
+        return False
+    ref = statistics.median(reference_handoff_ms)
+    spread = statistics.median(abs(h - ref) for h in reference_handoff_ms)
+    excess = statistics.median(candidate_handoff_ms) - ref
+    share = DEFERRED_SHARE * statistics.median(candidate_forward_ms)
+    return excess > max(DEFERRED_SHARE * ref, 4 * spread, DEFERRED_FLOOR_MS, share)
+
+
+def speedup(reference: dict, candidate: dict) -> float:
+    return reference["median_ms"] / candidate["median_ms"] if candidate["median_ms"] > 0 else math.inf
+
+
+def kernelbench_summary(times_ms: list[float]) -> dict:
+    """KernelBench's statistic is the mean; the median is reported beside it."""
+    return {
+        "mean_ms": statistics.fmean(times_ms),
+        "median_ms": statistics.median(times_ms),
+        "batches": len(times_ms),
+        "cv": statistics.pstdev(times_ms) / statistics.fmean(times_ms) if len(times_ms) > 1 else 0.0,
+    }

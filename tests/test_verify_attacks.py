@@ -1,0 +1,137 @@
+"""The hardened verifier against candidates that attack it (CPU variants; tests/verify_attacks.py writes them).
+
+Every attack gets past the static screen, so what stops it is the process boundary, the referee's own checks and
+clock, or the sandbox. Where an attack computes the honest answer only if it failed, `correct` proves the defence.
+One build of each program, then one hardened run over all of them on a task big enough to time (1M elements).
+"""
+
+from pathlib import Path
+
+import pytest
+from verify_attacks import VARIANTS, solution
+from verify_frames import candidates_frame, tasks_frame
+
+from concur.verify import compile_frame, sandbox, verify_frame
+
+FIXTURES = Path(__file__).parent / "fixtures" / "verify"
+TASKS = {name: (FIXTURES / f"task_{name}.py").read_text() for name in ("relu_add_large", "relu_add", "relu_rand")}
+SETTINGS = {"device": "cpu", "mode": "hardened", "timeout_s": 300, "workers": 1, "correctness_trials": 3,
+            "signed_trials": 2, "warmup": 1, "timing_min_s": 0.05}  # fmt: skip
+ON_SMALL = {"identity": "relu_rand"}  # attacks aimed at a particular task
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory):
+    rows = [(name, ON_SMALL.get(name, "relu_add_large"), solution(name)) for name in VARIANTS]
+    candidates, tasks = candidates_frame(rows), tasks_frame(list(TASKS.items()))
+    settings = {**SETTINGS, "build_cache": str(tmp_path_factory.mktemp("cache"))}
+    builds = compile_frame(candidates, settings, tmp_path_factory.mktemp("compile"), progress=False)
+    assert set(builds["status"]) == {"built"}, builds[["candidate_id", "status", "reason"]]
+    table = verify_frame(candidates, tasks, settings, tmp_path_factory.mktemp("verify"), False, builds=builds)
+    loose = candidates[candidates["candidate_id"] == "precision_bf16"]
+    lenient = verify_frame(loose, tasks, {**settings, "atol": 5e-2, "rtol": 5e-2}, tmp_path_factory.mktemp("lenient"),
+                           False, builds=builds)  # fmt: skip
+    return table.set_index("candidate_id"), lenient.set_index("candidate_id")
+
+
+def status(verdicts, name: str) -> tuple[str, str]:
+    row = verdicts[0].loc[name]
+    return row["status"], row["reason"]
+
+
+def test_honest_kernels_pass(verdicts):
+    table = verdicts[0]
+    for name in ("honest", "honest_partial"):  # the addition left in torch is a partial replacement, not a ghost
+        assert table.loc[name, "status"] == "correct", table.loc[name, "reason"]
+        assert table.loc[name, "speedup"] > 0 and table.loc[name, "trusted"]
+
+
+def test_forged_replies_and_result_files_change_nothing(verdicts):
+    assert status(verdicts, "forge_replies") == ("rejected", "check:protocol: during correctness: a reply that does "
+                                                              "not answer the command sent")  # fmt: skip
+
+
+def test_outputs_that_lie_about_themselves_are_refused(verdicts):
+    for name in ("tensor_subclass", "lazy_output"):  # only bytes cross; a non-plain tensor is refused by type
+        assert status(verdicts, name)[0] == "rejected"
+        assert status(verdicts, name)[1].startswith("check:output_type"), name
+
+
+@pytest.mark.parametrize("name", ["patch_reference", "global_hooks", "gc_steal", "frame_walk", "stale_output"])
+def test_nothing_of_the_reference_lives_in_the_candidates_process(verdicts, name):
+    """Patching torch, hooking modules, walking gc or frames, reading freed memory: the reference and its outputs
+    are in other processes, so each of these computes a wrong answer."""
+    assert status(verdicts, name)[0] == "incorrect", status(verdicts, name)
+
+
+def test_the_candidates_own_clocks_and_statistics_are_not_used(verdicts):
+    table = verdicts[0]
+    assert table.loc["patch_statistics", "status"] == "correct"
+    assert table.loc["patch_statistics", "speedup"] < 20  # the honest kernel's speedup, measured by the referee
+
+
+def test_caching_and_counting_calls_do_not_pay(verdicts):
+    assert status(verdicts, "memo_pointer")[0] == "incorrect"  # the same address, new values: a stale answer
+    assert status(verdicts, "call_counting") == (
+        "incorrect", status(verdicts, "call_counting")[1]) and status(verdicts, "call_counting")[1].startswith(
+        "check:timed_outputs")  # fmt: skip
+    memo = verdicts[0].loc["memo_content"]  # inputs never repeat: the cache never hits, the time is its own
+    assert memo["status"] == "correct" and memo["speedup"] < 20
+
+
+def test_work_after_the_reply_is_wrong_or_counted(verdicts):
+    row = verdicts[0].loc["background_thread"]
+    assert row["status"] == "incorrect" or (row["status"] == "correct" and "timing:deferred_work" in row["flags"])
+
+
+def test_kernels_that_do_not_do_the_work_are_rejected(verdicts):
+    assert status(verdicts, "ghost") == (
+        "rejected", "check:replaced_nothing: ModelNew still runs every operator the reference runs (4)")  # fmt: skip
+    assert status(verdicts, "never_calls_kernel") == (
+        "rejected", "check:kernel_not_called: forward never called into the compiled extension")  # fmt: skip
+
+
+def test_global_settings_are_checked(verdicts):
+    assert status(verdicts, "backend_flags") == ("rejected", "check:backend_state: num_threads changed")
+
+
+def test_inputs_are_checked_unchanged_and_drawn_to_both_signs(verdicts):
+    assert status(verdicts, "mutates_input") == ("rejected", "check:input_mutation: ModelNew changed input(s) [0]")
+    identity = verdicts[0].loc["identity"]  # right on [0, 1) inputs only
+    assert identity["status"] == "incorrect" and identity["reason"].startswith("check:signed_inputs: trial 4")
+    assert identity["flags"] == "degenerate_task:identity" and not identity["trusted"]
+
+
+def test_lower_precision_fails_a_float32_tolerance_and_is_flagged_under_a_loose_one(verdicts):
+    assert status(verdicts, "precision_bf16")[0] == "incorrect"
+    lenient = verdicts[1].loc["precision_bf16"]
+    assert lenient["status"] == "correct" and "precision:bf16" in lenient["flags"]
+
+
+@pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (signal scoping)")
+@pytest.mark.parametrize("name", ["write_files", "signal_others", "snoop_processes"])
+def test_the_sandbox_holds(verdicts, name):
+    """Each of these is honest only if every write, signal or read it attempted outside its sandbox was refused."""
+    assert status(verdicts, name)[0] == "correct", status(verdicts, name)
+
+
+def test_the_verifiers_code_is_unchanged(verdicts):
+    planted = Path(__import__("concur.verify.checks").verify.checks.__file__).with_name("planted.py")
+    assert not planted.exists()
+
+
+def test_nothing_outlives_its_evaluation(verdicts):
+    """escape_daemon left a process in a new session, reparented away from it: the zygote reaped it."""
+    assert verdicts[0].loc["escape_daemon", "status"] == "correct"
+    import os
+
+    daemons = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/cwd").endswith("(deleted)") and "zygote" in open(
+                        f"/proc/{entry}/cmdline").read():  # fmt: skip
+                    daemons.append(entry)
+            except OSError:
+                pass
+    assert daemons == []

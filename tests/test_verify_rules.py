@@ -1,0 +1,282 @@
+"""The verifier's rules on their own, without processes: the check table, the timing rules, what crosses between
+processes, the degenerate probe, KernelBench's seeds, and the sandbox (in a forked child)."""
+
+import math
+import os
+
+import pytest
+import torch
+
+from concur.verify import checks, exchange, sandbox, timing
+from concur.verify.evaluation import trial_plan
+
+PASS = {"ok_shape": True, "ok_dtype": True, "ok_finite": True, "allclose": True, "max_abs_err": 0.001}
+TIMING = {"ref": {"mean_ms": 3.0, "median_ms": 2.5}, "new": {"mean_ms": 1.5, "median_ms": 1.0}}
+LOADED = {"ok": True, "has_class": True, "error": None}
+
+
+def facts(**extra) -> dict:
+    base = {"device": "cpu", "load": LOADED, "trials": [{"number": 1, "kind": "random", **PASS}], "timing": TIMING}
+    return {**base, **extra}
+
+
+# ---------------------------------------------------------------- the check table
+
+
+def test_an_honest_run_is_correct_in_both_modes():
+    assert checks.judge(facts(), "hardened") == ("correct", "")
+    assert checks.judge(facts(), "kernelbench") == ("correct", "")
+
+
+@pytest.mark.parametrize(
+    "extra, verdict",
+    [
+        ({"failure": {"kind": "timeout", "stage": "correctness", "seconds": 15.0, "detail": ""}},
+         ("timeout", "timeout after 15 s during correctness")),
+        ({"failure": {"kind": "memory", "stage": "timing", "seconds": 0, "detail": "out of memory: 9 MB"}},
+         ("runtime_error", "killed during timing: out of memory: 9 MB")),
+        ({"failure": {"kind": "protocol", "stage": "load", "seconds": 0, "detail": "forged"}},
+         ("rejected", "check:protocol: during load: forged")),
+        ({"reference_error": "RuntimeError: boom"}, ("runtime_error", "reference: RuntimeError: boom")),
+        ({"load": {"ok": False, "syntax_error": True, "error": "SyntaxError: x (line 1)"}},
+         ("compile_error", "SyntaxError: x (line 1)")),
+        ({"load": {"ok": True, "has_class": False}}, ("runtime_error", "no ModelNew")),
+        ({"trials": [{"number": 1, "kind": "random", "error": "ValueError: no"}]}, ("runtime_error", "ValueError: no")),
+        ({"trials": [{"number": 2, "kind": "signed", **PASS, "allclose": False, "max_abs_err": 0.5}]},
+         ("incorrect", "check:signed_inputs: trial 2: value_mismatch max_abs_err=0.5")),
+        ({"timed": {"mismatch": "call 7: value_mismatch max_abs_err=1"}},
+         ("incorrect", "check:timed_outputs: call 7: value_mismatch max_abs_err=1")),
+        ({"state": {"backend_changed": ["matmul.allow_tf32"], "tampered": []}},
+         ("rejected", "check:backend_state: matmul.allow_tf32 changed")),
+        ({"counted_modules": 1, "kernel_calls": 0},
+         ("rejected", "check:kernel_not_called: forward never called into the compiled extension")),
+    ],
+)  # fmt: skip
+def test_the_first_failing_check_decides(extra, verdict):
+    assert checks.judge(facts(**extra), "hardened") == verdict
+
+
+def test_hardened_checks_do_not_apply_in_kernelbench_mode():
+    mutated = facts(trials=[{"number": 1, "kind": "random", **PASS, "mutated": [0]}])
+    assert checks.judge(mutated, "hardened") == ("rejected", "check:input_mutation: ModelNew changed input(s) [0]")
+    assert checks.judge(mutated, "kernelbench") == ("correct", "")
+
+
+def test_kernel_identity_rules():
+    own = {"device": "cuda", "names": {"mine": 1, "gemm": 1}, "own": ["mine"], "launched_own": ["mine"],
+           "reference": {"gemm": 1, "relu": 1}}  # fmt: skip
+    assert checks.judge(facts(profile=own), "hardened") == ("correct", "")  # the GEMM kept, relu replaced
+    ghost = {**own, "names": {"mine": 1, "gemm": 1, "relu": 1}}
+    assert checks.judge(facts(profile=ghost), "hardened")[1].startswith("check:replaced_nothing")
+    none = {**own, "launched_own": []}
+    assert checks.judge(facts(profile=none), "hardened")[1].startswith("check:profiler_no_own_kernel")
+    # on the CPU only computing operators count: allocating and viewing like the reference is fine
+    cpu = {"device": "cpu", "names": {"aten::empty_like": 2, "aten::view": 1}, "own": None, "launched_own": [],
+           "reference": {"aten::add": 1, "aten::relu": 1, "aten::empty_like": 1}}  # fmt: skip
+    assert checks.judge(facts(profile=cpu), "hardened") == ("correct", "")
+
+
+def test_threads_are_checked_on_the_cpu():
+    busy = facts(timing={**TIMING, "cores": 3.2, "cores_allowed": 1})
+    assert checks.judge(busy, "hardened") == ("rejected", "check:threads: used 3.2 cores while timed, 1 allowed")
+
+
+def test_flags_name_what_a_person_should_look_at():
+    settings = {"audit_speedup": 10.0, "mode": "hardened"}
+    verdict = {"speedup": 12.0}
+    marks = checks.flags(
+        facts(precision={"e_ref": 1e-7, "e_new": 3e-3}, timing={**TIMING, "deferred": True}, sandbox="none"),
+        verdict, settings, "at::BFloat16 b = x.to(torch::kBFloat16);",
+    )  # fmt: skip
+    assert marks == ["audit:speedup>10", "precision:bf16", "timing:deferred_work", "sandbox:none"]
+    honest = checks.flags(facts(precision={"e_ref": 1e-7, "e_new": 2e-7}), {"speedup": 2.0}, settings, "float")
+    assert honest == []
+
+
+# ---------------------------------------------------------------- comparisons and the probe
+
+
+def test_tolerance_follows_kernelbench_unless_set():
+    assert checks.tolerance("torch.float32", {}) == (1e-4, 1e-4)
+    assert checks.tolerance("torch.bfloat16", {"atol": None}) == (1e-2, 1e-2)
+    assert checks.tolerance("torch.int64", {}) == (0.0, 0.0)
+    assert checks.tolerance("torch.float32", {"atol": 1e-2, "rtol": 1e-3}) == (1e-2, 1e-3)
+
+
+def test_nan_never_passes_and_inf_fails_only_in_hardened():
+    ref = [torch.tensor([1.0, float("inf"), float("nan")])]
+    assert not checks.compare([ref[0].clone()], ref, {}, strict_finite=False)["allclose"]  # NaN != NaN
+    ref_inf = [torch.tensor([1.0, float("inf")])]
+    assert checks.compare([ref_inf[0].clone()], ref_inf, {}, strict_finite=False)["allclose"]
+    assert not checks.compare([ref_inf[0].clone()], ref_inf, {}, strict_finite=True)["ok_finite"]
+
+
+def test_comparisons_run_chunk_by_chunk(monkeypatch):
+    monkeypatch.setattr(checks, "CHUNK", 7)
+    a = torch.randn(100)
+    b = a.clone()
+    b[93] += 1.0
+    result = checks.compare([b], [a], {}, strict_finite=True)
+    assert not result["allclose"] and result["max_abs_err"] == pytest.approx(1.0)
+
+
+def test_degenerate_guesses():
+    x = torch.rand(64, 64)
+    assert checks.degenerate_kinds([torch.relu(x)], [x], None, {}) == {"identity"}
+    assert checks.degenerate_kinds([torch.zeros(10)], [torch.randn(10)], None, {}) == {"zeros", "constant"}
+    constant = torch.full((10,), 3.0)
+    assert checks.degenerate_kinds([constant], [x], [constant.clone()], {}) == {"constant", "other_inputs"}
+    found = [{"identity", "zeros"}, {"identity", "other_inputs"}, {"identity"}]
+    assert checks.degenerate_everywhere(found) == ["identity"]  # other_inputs failed on the third trial
+    assert checks.degenerate_everywhere([{"zeros"}]) == ["zeros"]  # other_inputs needs a second trial
+
+
+def test_trial_plan_matches_kernelbench_seeds():
+    torch.manual_seed(42)
+    expected = [int(torch.randint(0, 2**32 - 1, (1,)).item()) for _ in range(5)]
+    plan = trial_plan({"mode": "kernelbench", "correctness_trials": 5, "signed_trials": 2})
+    assert [s for _, s, _ in plan] == expected and {k for _, _, k in plan} == {"random"}
+    hardened = trial_plan({"mode": "hardened", "correctness_trials": 5, "signed_trials": 2})
+    assert [k for _, _, k in hardened] == ["random"] * 5 + ["signed"] * 2
+    assert [s for _, s, _ in hardened][:5] != expected  # secret seeds
+
+
+# ---------------------------------------------------------------- timing rules
+
+
+def test_batch_size_fills_a_few_milliseconds_within_memory():
+    assert timing.batch_size(0.1, 1 << 20, 1 << 20, 1 << 30) == 20
+    assert timing.batch_size(5.0, 1 << 20, 1 << 20, 1 << 30) == 1
+    assert timing.batch_size(0.001, 1 << 20, 1 << 20, 1 << 30) == timing.MAX_BATCH
+    assert timing.batch_size(0.1, 1 << 29, 1 << 29, 1 << 30) == 1  # memory first
+
+
+def test_work_deferred_to_the_hand_off_is_counted():
+    reference = [0.10] * 10
+    honest = timing.per_call_times([1.0] * 10, [0.10] * 10, reference, overhead_ms=0.2, calls=4)
+    assert honest == pytest.approx([0.2] * 10)
+    # replied early (forward 0.3 ms) and finished the work in the hand-off (1.0 ms): the excess is its time
+    cheat = timing.per_call_times([0.3] * 10, [1.0] * 10, reference, overhead_ms=0.2, calls=4)
+    assert cheat == pytest.approx([(0.3 - 0.2 + 0.9) / 4] * 10)
+    assert timing.deferred([1.0] * 10, reference, [0.3] * 10)
+    assert not timing.deferred([0.101] * 10, reference, [1.0] * 10)
+
+
+def test_stopping_rules():
+    assert not timing.reference_done([1.0] * 5, 1, 0.1)  # too few batches
+    assert timing.reference_done([10.0] * timing.MIN_BATCHES, 1, 0.1)
+    slow = [100.0] * timing.SLOWER_MIN_BATCHES  # 100x slower than eager: known well enough
+    assert timing.candidate_done(slow, 1, 10.0, reference_median_ms=1.0)
+    assert timing.speedup({"median_ms": 2.0}, {"median_ms": 1.0}) == 2.0
+
+
+# ---------------------------------------------------------------- what crosses between processes
+
+
+def test_tensors_cross_as_specs_and_bytes():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    values = [base.t(), base[:, :3], torch.tensor(7, dtype=torch.int64), 2.5, [1, 2]]
+    specs = exchange.specs_of(values)
+    arena = exchange.Arena("cpu", exchange.place(specs))
+    try:
+        for value, spec in zip(values, specs):
+            if spec["t"] == "tensor":
+                exchange.write(arena.bytes, spec, value)
+        message, fds = arena.share()
+        mapped = exchange.Mapped(message, [os.dup(fd) for fd in fds])  # as the contestant maps it
+        crossed = exchange.values_of(mapped.bytes, specs)
+        for got, want in zip(crossed, values):
+            if isinstance(want, torch.Tensor):
+                assert type(got) is torch.Tensor and torch.equal(got, want) and got.stride() == want.stride()
+            else:
+                assert got == want
+    finally:
+        arena.close()
+
+
+def test_only_plain_values_cross():
+    with pytest.raises(TypeError, match="cannot cross"):
+        exchange.specs_of([object()])
+    assert exchange.value_spec((1, "a", None)) == {"t": "value", "v": [1, "a", None]}
+
+
+def test_a_spec_outside_its_arena_is_refused():
+    arena = torch.zeros(1024, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="outside its arena"):
+        exchange.view(arena, {"t": "tensor", "dtype": "torch.float32", "shape": [512], "stride": [1], "span": 512,
+                              "off": 0})  # fmt: skip
+
+
+# ---------------------------------------------------------------- the sandbox
+
+
+def run_confined(tmp_path, action) -> str:
+    """Run `action` in a forked child confined to tmp_path/own (tmp_path/hidden hidden); return what it reports."""
+    own, hidden = tmp_path / "own", tmp_path / "hidden"
+    own.mkdir()
+    hidden.mkdir()
+    (hidden / "secret").write_text("s")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        try:
+            sandbox.confine([str(own)], [], [str(hidden)], devices=False)
+            message = action(own, hidden)
+        except BaseException as err:
+            message = f"error {err}"
+        os.write(write_fd, message.encode())
+        os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_fd) as f:
+        return f.read()
+
+
+needs_landlock = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6")
+
+
+def attempt(fn) -> str:
+    try:
+        fn()
+        return "allowed"
+    except OSError:
+        return "refused"
+
+
+@needs_landlock
+def test_a_confined_process_writes_only_its_own_folder(tmp_path):
+    def action(own, hidden):
+        mine = attempt(lambda: (own / "x").write_text("ok"))
+        outside = attempt(lambda: (own.parent / "planted").write_text("no"))
+        secret = attempt(lambda: (hidden / "secret").read_text())
+        readable = attempt(lambda: open(torch.__file__).read(1))
+        return " ".join([mine, outside, secret, readable])
+
+    assert run_confined(tmp_path, action) == "allowed refused refused allowed"
+    assert not (tmp_path / "planted").exists()
+
+
+@needs_landlock
+def test_a_confined_process_cannot_signal_or_read_its_judges(tmp_path):
+    parent = os.getpid()
+
+    def action(own, hidden):
+        signal = attempt(lambda: os.kill(parent, 0))
+        memory = attempt(lambda: open(f"/proc/{parent}/mem", "rb").read(1))
+        return f"{signal} {memory}"
+
+    assert run_confined(tmp_path, action) == "refused refused"
+
+
+def test_readable_paths_cover_everything_but_the_hidden_trees(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "c").mkdir()
+    granted = sandbox.readable_around([str(tmp_path / "a" / "b")])
+    assert str(tmp_path / "a" / "c") in granted
+    assert not any(p == str(tmp_path / "a" / "b") or p.startswith(str(tmp_path / "a" / "b") + "/") for p in granted)
+    assert "/usr" in granted or "/bin" in granted
+
+
+def test_landlock_abi_is_a_number():
+    assert isinstance(sandbox.landlock_abi(), int) and not math.isnan(sandbox.landlock_abi())
