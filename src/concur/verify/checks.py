@@ -363,7 +363,8 @@ def _timing(facts: dict) -> str | None:
 
 def _threads(facts: dict) -> str | None:
     timing = facts.get("timing") or {}
-    if facts.get("device") == "cpu" and timing.get("cores", 0) > timing.get("cores_allowed", math.inf) + 0.5:
+    slack = 0.5 + timing.get("cores_resolution", 0.0)
+    if facts.get("device") == "cpu" and timing.get("cores", 0) > timing.get("cores_allowed", math.inf) + slack:
         return f"check:threads: used {timing['cores']:.1f} cores while timed, {timing['cores_allowed']} allowed"
     return None
 

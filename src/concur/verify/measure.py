@@ -67,14 +67,14 @@ def timed_batch(referee, task, runner, seeds, ask) -> dict:
     begin = time.perf_counter()
     reply = answered(ask({"op": "go"}, "timing", call_timeout(task, len(seeds))))
     forward_s = time.perf_counter() - begin
-    cores = (procs.cpu_seconds(runner.pid) - cpu) / forward_s if forward_s > 0 else 0.0
+    cpu_s = procs.cpu_seconds(runner.pid) - cpu
     metas = answered(ask({"op": "outs"}, "timing", 60.0))["outs"]
     return {
         "forward_ms": 1000.0 * forward_s,
         "metas": metas,
         "specs": specs,
         "values": values,
-        "cores": cores,
+        "cpu_s": cpu_s,
         "kernel_calls": reply.get("kernel_calls", 0),
     }
 
@@ -110,7 +110,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     calls = plan["calls"]
     ask = lambda m, s, t=600.0: candidate.ask(m, s, limit(deadline, t))  # noqa: E731
     warm_up(referee, task, candidate, calls, settings, ask)
-    forward, handoffs, cores = [], [], []
+    forward, handoffs, cpu_s = [], [], []
     timed = {"calls": 0, "mismatch": None, "mutated": []}
     reference = timing.summary(plan["per_call"])
     for number, (seeds, samples) in enumerate(zip(plan["batches"], plan["samples"])):
@@ -126,7 +126,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
         )
         forward.append(batch["forward_ms"])
         handoffs.append(1000.0 * handoff_s)
-        cores.append(batch["cores"])
+        cpu_s.append(batch["cpu_s"])
         timed["calls"] += calls
         for i, kept in samples.items():
             failed = sample_mismatch(torch, outputs[i], kept, settings)
@@ -149,7 +149,9 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             "new": timing.summary(per_call),
             "calls_per_batch": calls,
             "deferred": timing.deferred(handoffs, plan["handoff"], forward),
-            "cores": sorted(cores)[len(cores) // 2],
+            # over all batches together: CPU time is counted in clock ticks, too coarse for one short batch
+            "cores": sum(cpu_s) / (sum(forward) / 1000.0),
+            "cores_resolution": procs.cpu_tick_s() * 2 / (sum(forward) / 1000.0),
             "cores_allowed": referee.threads,
         }
     inspect(referee, task, candidate, facts, deadline, job.get("kernels"))

@@ -308,9 +308,13 @@ def move_threads(pid: int, cpus: list[int]) -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of a process, all its threads together."""
+    """User and system CPU time of a process, all its threads together (exited ones too), in clock ticks."""
     stat = _stat(str(pid))
-    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") if stat else 0.0
+    return (int(stat[11]) + int(stat[12])) * cpu_tick_s() if stat else 0.0
+
+
+def cpu_tick_s() -> float:
+    return 1.0 / os.sysconf("SC_CLK_TCK")
 
 
 def pss_kb(pid: str, rss_pages: int = 0) -> int:
