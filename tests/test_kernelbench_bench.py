@@ -1,0 +1,208 @@
+"""The KernelBench comparison inputs on the CPU: the candidate collector on a small git repository in the layouts it
+reads, and the KernelBench harness's plan, candidate matching, outcome mapping, process accounting and the stand-ins
+for KernelBench's unused imports (with a stand-in `kernelbench` package; KernelBench itself is not needed)."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+cands_mod = load("kernelbench_candidates")
+harness = load("kernelbench_harness")
+
+CUDA_PROGRAM = textwrap.dedent('''
+    import torch
+    from torch.utils.cpp_extension import load_inline
+    src = """
+    __global__ void k(float* x) {{ x[0] = {value}; }}
+    torch::Tensor f(torch::Tensor x) {{ return x; }}
+    """
+    mod = load_inline(name="m{value}", cpp_sources="torch::Tensor f(torch::Tensor x);", cuda_sources=src,
+                      functions=["f"])
+    class ModelNew(torch.nn.Module):
+        def forward(self, x):
+            return mod.f(x)
+''')
+TRITON_PROGRAM = "import triton\nfrom torch.utils.cpp_extension import load_inline\nclass ModelNew: pass\n__global__\n"
+
+
+def checkout(tmp_path: Path) -> Path:
+    root = tmp_path / "kb"
+    for level, name in ((1, "19_ReLU.py"), (2, "7_Conv3d_ReLU.py")):
+        folder = root / "KernelBench" / f"level{level}"
+        folder.mkdir(parents=True)
+        (folder / name).write_text(f"# reference {level}/{name}\n")
+    return root
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_collector_reads_run_dumps_dedupes_and_records_outcomes(tmp_path, monkeypatch):
+    work = tmp_path / "src"
+    run = work / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "level_1_problem_19_sample_0_kernel.py").write_text(CUDA_PROGRAM.format(value=1))
+    (run / "level_1_problem_19_sample_1_kernel.py").write_text(CUDA_PROGRAM.format(value=1) + "\n\n")  # same
+    (run / "level_2_problem_7_sample_0_kernel.py").write_text(CUDA_PROGRAM.format(value=2))
+    (run / "level_1_problem_20_sample_0_kernel.py").write_text(CUDA_PROGRAM.format(value=3))  # not in checkout
+    (run / "level_2_problem_8_sample_0_kernel.py").write_text(TRITON_PROGRAM)
+    (run / "eval_results.json").write_text(json.dumps({
+        "19": [{"sample_id": 0, "compiled": True, "correctness": True, "runtime": 2.5, "metadata": {}}],
+        "7": {"sample_id": 0, "compiled": False, "correctness": False,
+              "metadata": {"compilation_error": "Error building extension 'm2'"}}}))  # fmt: skip
+    (work / "KernelBench" / "level1").mkdir(parents=True)
+    (work / "KernelBench" / "level1" / "19_ReLU.py").write_text("# reference 1/19_ReLU.py\n")
+    git(work, "init", "-q")
+    git(work, "add", "-A")
+    git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    commit = git(work, "rev-parse", "HEAD").strip()
+    mirrors = tmp_path / "mirrors"
+    (mirrors / "someone+dump").mkdir(parents=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(mirrors / "someone+dump" / "repo")], check=True)
+    source = {"tag": "t", "repo": "someone/dump", "commit": commit, "kind": "kb_runs", "what": "test",
+              "problems": "KernelBench/level{level}/{problem_name}",
+              "runs": [{"dir": "runs/r1", "levels": [1, 2], "model": "m"}]}  # fmt: skip
+    monkeypatch.setattr(cands_mod, "SOURCES", [source])
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["x", str(out), "--kernelbench", str(checkout(tmp_path)), "--mirrors",
+                                      str(mirrors), "--problems", "0"])  # fmt: skip
+    cands_mod.main()
+    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert [(r["level"], r["problem_id"], r["problem_name"]) for r in rows] == [(1, 19, "19_ReLU.py"),
+                                                                                  (2, 7, "7_Conv3d_ReLU.py")]
+    first, second = rows
+    assert first["recorded"]["status"] == "correct" and first["recorded"]["runtime"] == 2.5
+    assert len(first["duplicates"]) == 1 and first["ref_matches_checkout"] is True
+    assert second["recorded"]["status"] == "compile_error" and second["ref_matches_checkout"] is None
+    assert (out / f"{first['id']}.py").read_text() == CUDA_PROGRAM.format(value=1)
+    assert first["repo"] == "someone/dump" and first["commit"] == commit and first["path"].startswith("runs/r1/")
+
+
+def test_outcome_mapping_and_eligibility():
+    kb = cands_mod.outcome_from_kb_result
+    assert kb(None)["status"] == "unknown"
+    assert kb({"compiled": True, "correctness": False, "metadata": {"runtime_error": "CUDA error: x"}})["status"] \
+        == "runtime_error"  # fmt: skip
+    assert kb({"compiled": True, "correctness": False, "metadata": {"correctness_issue": "Output mismatch"}}
+              )["status"] == "incorrect"  # fmt: skip
+    assert kb({"compiled": False, "metadata": {"error": "Evaluation timed out"}})["status"] == "timeout"
+    assert cands_mod.eligible(CUDA_PROGRAM.format(value=1)) is None
+    assert cands_mod.eligible(TRITON_PROGRAM) == "other DSL"
+    assert cands_mod.eligible("class ModelNew: pass") == "no load_inline"
+
+
+def test_balanced_subset_covers_problems_and_mixes_outcomes():
+    statuses = ["correct", "incorrect", "compile_error", "runtime_error"]
+    pool = [{"id": f"c{level}-{p}-{i}", "level": level, "problem_id": p, "source": "ab"[i % 2],
+             "recorded": {"status": statuses[(p + i) % 4]}}
+            for level in (1, 2) for p in range(10) for i in range(4)]  # fmt: skip
+    chosen = cands_mod.select(pool, 6, 2)
+    assert len(chosen) == 12
+    assert sum(c["level"] == 1 for c in chosen) == 6
+    by_problem = {}
+    for c in chosen:
+        by_problem.setdefault((c["level"], c["problem_id"]), set()).add(c["recorded"]["status"])
+    assert len(by_problem) == 6 and all(len(s) == 2 for s in by_problem.values())
+    assert chosen == cands_mod.select(pool, 6, 2)  # deterministic
+
+
+def write_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "cands"
+    folder.mkdir(parents=True)
+    rows = [{"id": "a", "level": 1, "problem_id": 19, "problem_name": "19_ReLU.py", "recorded": {"status": "correct"}},
+            {"id": "b", "level": 2, "problem_id": 7, "problem_name": "renamed.py"},  # found by its number
+            {"id": "c", "level": 2, "problem_id": 99, "problem_name": "99_x.py"},  # no such problem
+            {"id": "d", "level": 1, "problem_id": 19, "problem_name": "19_ReLU.py"}]  # no program file
+    (folder / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for cid in "abc":
+        (folder / f"{cid}.py").write_text(CUDA_PROGRAM.format(value=1))
+    return folder
+
+
+def test_harness_matches_candidates_to_references(tmp_path):
+    kb = checkout(tmp_path)
+    cands, problems = harness.load_candidates(write_folder(tmp_path), kb)
+    assert [(c["id"], c["problem_name"]) for c in cands] == [("a", "19_ReLU.py"), ("b", "7_Conv3d_ReLU.py")]
+    assert cands[1]["reference"] == str(kb / "KernelBench" / "level2" / "7_Conv3d_ReLU.py")
+    assert len(problems) == 2 and problems[0].startswith("c:") and problems[1].startswith("d:")
+    assert [c["id"] for c in harness.load_candidates(write_folder(tmp_path / "x"), kb, ids=["b"])[0]] == ["b"]
+
+
+def test_harness_dry_run_prints_the_plan_and_child_commands(tmp_path, capsys):
+    kb = checkout(tmp_path)
+    harness.main([str(write_folder(tmp_path)), "--kernelbench", str(kb), "--out", str(tmp_path / "kb.jsonl"),
+                  "--gpus", "2", "--dry-run", "--fp32-tolerance", "0.01"])  # fmt: skip
+    text = capsys.readouterr().out
+    assert "plan: 2 candidates (level 1: 1, level 2: 1; 2 problems)" in text
+    evals = [line for line in text.splitlines() if line.strip().startswith("eval:")]
+    assert len(evals) == 2 and "--device 1" in evals[1] and "--fp32-tolerance 0.01" in evals[0]
+    assert "--num-correct-trials 5 --num-perf-trials 100 --timing-method cuda_event" in evals[0]
+    assert "--child-build" in text and not (tmp_path / "kb.jsonl").exists()
+
+
+def test_harness_maps_kernelbench_results_to_statuses():
+    c = harness.classify
+    assert c(None, True, False)[0] == "timeout"
+    assert c(None, False, False)[0] == "crash"
+    assert c(None, False, True)[0] == "no_result"
+    assert c({"compiled": True, "correctness": True, "metadata": {}}, False, True)[0] == "correct"
+    assert c({"compiled": True, "correctness": False, "metadata": {"correctness_issue": "Output mismatch"}},
+             False, True)[:2] == ("incorrect", "correctness_issue")  # fmt: skip
+    assert c({"compiled": True, "correctness": False,
+              "metadata": {"runtime_error": "x", "runtime_error_name": "torch.AcceleratorError"}},
+             False, True)[:2] == ("runtime_error", "torch.AcceleratorError")  # fmt: skip
+    assert c({"compiled": False, "correctness": False,
+              "metadata": {"compilation_error_name": "RuntimeError", "compilation_error": "Error building"}},
+             False, True)[:2] == ("compile_error", "RuntimeError")  # fmt: skip
+    assert c({"compiled": False, "metadata": {"cuda_error": "CUDA Error: x", "cuda_error_name": "E"}}, False, True
+             )[0] == "runtime_error"  # fmt: skip
+
+
+def test_harness_process_accounting_counts_children_and_kills_on_timeout(tmp_path):
+    busy = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'x = sum(range(30_000_000))'])"
+    m = harness.run_measured([sys.executable, "-c", busy], tmp_path / "a.log", timeout=60)
+    assert m["returncode"] == 0 and not m["timed_out"] and m["cpu_s"] > 0.3  # the grandchild's work counts
+    start = time.perf_counter()
+    m = harness.run_measured([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "b.log", timeout=1)
+    assert m["timed_out"] and time.perf_counter() - start < 10
+
+
+def test_harness_gives_unused_kernelbench_imports_stand_ins(tmp_path):
+    pkg = tmp_path / "fakekb" / "src" / "kernelbench"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import utils\n")
+    (pkg / "utils.py").write_text("from openai import OpenAI\nfrom litellm import completion\n"
+                                  "from dotenv import load_dotenv\nload_dotenv()\nfrom tqdm import tqdm\n")
+    (pkg / "eval.py").write_text("X = 1\n")
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import kernelbench_harness as h;"
+            f"from pathlib import Path; print(h.import_kernelbench(Path({str(tmp_path / 'fakekb')!r})))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    stubbed = eval(proc.stdout.strip())
+    assert {"openai", "litellm"} <= set(stubbed)
+
+
+@pytest.mark.parametrize("arch, expected", [("9.0", "9.0"), ("8.9;9.0", "8.9;9.0")])
+def test_harness_numeric_arch_sets_the_torch_list(arch, expected, monkeypatch):
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    harness.set_arch(arch)
+    import os
+
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == expected
