@@ -58,7 +58,7 @@ SOURCES = [
         "solution_path": "docs/assets/solutions/{file}.py",
         "problems": "docs/assets/problems/l{level}_p{problem_id}.py",
         "what": "KernelBench v0 leaderboard (Dec 2024): up to 5 correct samples per problem from gpt-4o, o1, "
-                "claude-3.5-sonnet, llama-3.1-70b/405b, deepseek-coder, gemini-1.5-flash, with speedups",
+        "claude-3.5-sonnet, llama-3.1-70b/405b, deepseek-coder, gemini-1.5-flash, with speedups",
         "runs": [],
     },
     {
@@ -74,8 +74,12 @@ SOURCES = [
             {"dir": "runs/qwencoder_level1_run", "level": 1, "model": "Qwen3-Coder-480B-A35B-Instruct-FP8"},
             {"dir": "runs/qwen3_level1_run", "level": 1, "model": "Qwen3-Coder-480B-A35B-Instruct-FP8"},
             {"dir": "runs/qwencoder_level2_run", "level": 2, "model": "Qwen3-Coder-480B-A35B-Instruct-FP8"},
-            {"dir": "runs/opus4_level2_20250903_065424", "level": 2, "model": "claude-opus-4-1-20250805",
-             "kind": "flat_runs"},
+            {
+                "dir": "runs/opus4_level2_20250903_065424",
+                "level": 2,
+                "model": "claude-opus-4-1-20250805",
+                "kind": "flat_runs",
+            },
         ],
     },
     {
@@ -85,7 +89,7 @@ SOURCES = [
         "kind": "kb_runs",
         "problems": "KernelBench/level{level}/{problem_name}",
         "what": "KernelBench fork with level-2 generations for four backends (only the cuda ones are taken), "
-                "no recorded outcomes, Jan 2026",
+        "no recorded outcomes, Jan 2026",
         "runs": [
             {"dir": "runs/level_2_backend_cuda_model_Kimi-K2-0905", "level": 2, "model": "Kimi-K2-0905"},
             {"dir": "runs/level_2_backend_cuda_model_grok-code-fast-1", "level": 2, "model": "grok-code-fast-1"},
@@ -97,18 +101,28 @@ SOURCES = [
         "commit": "62472a673baf4540af8129fa0e531505f4e62c7d",
         "kind": "ralph_runs",
         "problems": "KernelBench/level{level}/{problem_name}",
-        "what": "KernelBench (current layout) fork with runs evaluated by kernelbench.eval on an RTX 4090, "
-                "May 2026",
+        "what": "KernelBench (current layout) fork with runs evaluated by kernelbench.eval on an RTX 4090, May 2026",
         "runs": [
             {"dir": "runs/ralph_codex_cuda_all", "levels": [1, 2], "model": "gpt-5.5 (codex)"},
             {"dir": "runs/ralph_gemma4_cuda_all", "levels": [1, 2], "model": "gemma-4-26B-A4B-it (Q4_K_XL)"},
-            {"dir": "runs/ralph_qwen36_cuda_all_gpu1_server_isolated", "levels": [1, 2],
-             "model": "Qwen3.6-35B-A3B (Q4_K_XL)"},
+            {
+                "dir": "runs/ralph_qwen36_cuda_all_gpu1_server_isolated",
+                "levels": [1, 2],
+                "model": "Qwen3.6-35B-A3B (Q4_K_XL)",
+            },
             {"dir": "runs/ralph_qwen36_cuda_all_gpu1_server", "levels": [1, 2], "model": "Qwen3.6-35B-A3B (Q4_K_XL)"},
-            {"dir": "runs/openrouter_deepseek_v4_pro_leaderboard_l1", "level": 1, "model": "deepseek-v4-pro",
-             "kind": "kb_runs"},
-            {"dir": "runs/openrouter_deepseek_v4_pro_leaderboard_l2", "level": 2, "model": "deepseek-v4-pro",
-             "kind": "kb_runs"},
+            {
+                "dir": "runs/openrouter_deepseek_v4_pro_leaderboard_l1",
+                "level": 1,
+                "model": "deepseek-v4-pro",
+                "kind": "kb_runs",
+            },
+            {
+                "dir": "runs/openrouter_deepseek_v4_pro_leaderboard_l2",
+                "level": 2,
+                "model": "deepseek-v4-pro",
+                "kind": "kb_runs",
+            },
             {"dir": "runs/openrouter_qwen_coder_10", "level": 1, "model": "qwen3-coder-next", "kind": "kb_runs"},
         ],
     },
@@ -242,12 +256,27 @@ def collect_source(src: dict, mirror: Mirror) -> list[dict]:
             if level not in (1, 2):
                 continue
             path = src["solution_path"].format(file=rec["file"])
-            found.append({**base, "level": level, "problem_id": pid, "path": path, "model": rec.get("display_name"),
-                          "code": mirror.read(path) or rec.get("code", ""), "source_problem_name": name,
-                          "recorded": {"status": "correct", "compiled": True, "correct": True,
-                                       "runtime": rec.get("kernel_eval_time"),
-                                       "ref_runtime": rec.get("baseline_torch_time"),
-                                       "speedup": rec.get("torch_speedup"), "hardware": None, "error": ""}})
+            found.append(
+                {
+                    **base,
+                    "level": level,
+                    "problem_id": pid,
+                    "path": path,
+                    "model": rec.get("display_name"),
+                    "code": mirror.read(path) or rec.get("code", ""),
+                    "source_problem_name": name,
+                    "recorded": {
+                        "status": "correct",
+                        "compiled": True,
+                        "correct": True,
+                        "runtime": rec.get("kernel_eval_time"),
+                        "ref_runtime": rec.get("baseline_torch_time"),
+                        "speedup": rec.get("torch_speedup"),
+                        "hardware": None,
+                        "error": "",
+                    },
+                }
+            )
         return found
     for run in src["runs"]:
         kind = run.get("kind", src["kind"])
@@ -269,11 +298,20 @@ def collect_source(src: dict, mirror: Mirror) -> list[dict]:
             by_pid = {int(r["problem_id"]): r.get("eval_result") for r in detail.get("results", [])}
             for f in files:
                 m = FLAT_FILE.search(f)
-                if not m or "/" in f[len(prefix):]:
+                if not m or "/" in f[len(prefix) :]:
                     continue
                 pid = int(m.group(1))
-                found.append({**base, "level": levels[0], "problem_id": pid, "path": f, "model": run["model"],
-                              "code": mirror.read(f) or "", "recorded": outcome_from_kb_result(by_pid.get(pid))})
+                found.append(
+                    {
+                        **base,
+                        "level": levels[0],
+                        "problem_id": pid,
+                        "path": f,
+                        "model": run["model"],
+                        "code": mirror.read(f) or "",
+                        "recorded": outcome_from_kb_result(by_pid.get(pid)),
+                    }
+                )
         elif kind == "ralph_runs":
             for f in files:
                 m = RALPH_FILE.search(f)
@@ -312,7 +350,7 @@ def source_reference(src: dict, mirror: Mirror, level: int, pid: int, name: str)
         # the fork may name the file differently: find it by its number
         folder = path.rsplit("/", 1)[0] + "/"
         for f in mirror.files():
-            if f.startswith(folder) and re.fullmatch(rf"{pid}_[^/]*\.py", f[len(folder):]):
+            if f.startswith(folder) and re.fullmatch(rf"{pid}_[^/]*\.py", f[len(folder) :]):
                 path = f
                 break
     return mirror.read(path)
@@ -350,6 +388,7 @@ def select(cands: list[dict], n_problems: int, per_problem: int) -> list[dict]:
 
     def weighted(status: str) -> float:  # correct kernels get twice the share of each failure kind
         return n_status[status] / (2 if status == "correct" else 1)
+
     for key in chosen:
         group = sorted(by_problem[key], key=lambda c: _rank(c["id"]))
         for _ in range(min(per_problem, len(group))):
@@ -365,14 +404,23 @@ def select(cands: list[dict], n_problems: int, per_problem: int) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path, nargs="?",
-                        help="output folder (created; its *.py and manifest.jsonl are replaced)")
+    parser.add_argument(
+        "out", type=Path, nargs="?", help="output folder (created; its *.py and manifest.jsonl are replaced)"
+    )
     parser.add_argument("--kernelbench", type=Path, help="KernelBench checkout (KernelBench/level1, level2)")
-    parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"),
-                        help="folder of bare git snapshots, <owner>+<name>/repo (default /work/.mirror)")
-    parser.add_argument("--problems", type=int, default=64,
-                        help="problems in the balanced subset, half from each level (default 64); 0: every "
-                             "eligible candidate of every problem")
+    parser.add_argument(
+        "--mirrors",
+        type=Path,
+        default=Path("/work/.mirror"),
+        help="folder of bare git snapshots, <owner>+<name>/repo (default /work/.mirror)",
+    )
+    parser.add_argument(
+        "--problems",
+        type=int,
+        default=64,
+        help="problems in the balanced subset, half from each level (default 64); 0: every "
+        "eligible candidate of every problem",
+    )
     parser.add_argument("--per-problem", type=int, default=2, help="candidates per problem in the subset (default 2)")
     parser.add_argument("--sources", default="", help="comma-separated source tags to use (default all)")
     parser.add_argument("--list", action="store_true", help="print the source table and exit")

@@ -464,14 +464,22 @@ def main(argv: list[str] | None = None) -> None:
                         help="seconds per pre-build (KernelBench's compile step uses its 180 s timeout and "
                              "starts a timed-out build again; default 600, no retry)")  # fmt: skip
     parser.add_argument("--no-prebuild", action="store_true", help="skip phase 1: each evaluation builds its own")
-    parser.add_argument("--timeout", type=float, default=180.0,
-                        help="seconds per evaluation process (KernelBench: 180)")
-    parser.add_argument("--gpu-arch", default="Hopper",
-                        help="KernelBench arch name(s) (Hopper, Ada, ...; ';'-separated) or numbers (9.0)")
+    parser.add_argument(
+        "--timeout", type=float, default=180.0, help="seconds per evaluation process (KernelBench: 180)"
+    )
+    parser.add_argument(
+        "--gpu-arch",
+        default="Hopper",
+        help="KernelBench arch name(s) (Hopper, Ada, ...; ';'-separated) or numbers (9.0)",
+    )
     parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
-    parser.add_argument("--fp32-tolerance", type=float, default=None,
-                        help="override KernelBench's fp32 allclose tolerance (its own at 423217d: 1e-4; "
-                             "KernelBench v0/v0.1 and concur's kernelbench mode: 1e-2); default: KernelBench's")
+    parser.add_argument(
+        "--fp32-tolerance",
+        type=float,
+        default=None,
+        help="override KernelBench's fp32 allclose tolerance (its own at 423217d: 1e-4; "
+        "KernelBench v0/v0.1 and concur's kernelbench mode: 1e-2); default: KernelBench's",
+    )
     parser.add_argument("--num-correct-trials", type=int, default=5)
     parser.add_argument("--num-perf-trials", type=int, default=100)
     parser.add_argument("--timing-method", default="cuda_event")
@@ -504,8 +512,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"plan: {len(cands)} candidates (level 1: {sum(c['level'] == 1 for c in cands)}, level 2: "
               f"{sum(c['level'] == 2 for c in cands)}; {len({(c['level'], c['problem_id']) for c in cands})} "
               f"problems), KernelBench from {checkout.resolve() / 'src'}")  # fmt: skip
-        print(f"phase 1: {'skipped (--no-prebuild)' if args.no_prebuild else 'pre-build'} with "
-              f"{args.build_workers} workers, {args.build_timeout:.0f} s each, into {work / 'build'}/<id>")
+        print(
+            f"phase 1: {'skipped (--no-prebuild)' if args.no_prebuild else 'pre-build'} with "
+            f"{args.build_workers} workers, {args.build_timeout:.0f} s each, into {work / 'build'}/<id>"
+        )
         print(f"phase 2: one process at a time on each of cuda:0..{args.gpus - 1}, {args.timeout:.0f} s each; "
               f"{args.num_correct_trials} correctness trials, {args.num_perf_trials} timed ({args.timing_method}), "
               f"{args.precision}, fp32 tolerance "

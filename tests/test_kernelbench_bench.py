@@ -85,8 +85,10 @@ def test_collector_reads_run_dumps_dedupes_and_records_outcomes(tmp_path, monkey
                                       str(mirrors), "--problems", "0"])  # fmt: skip
     cands_mod.main()
     rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
-    assert [(r["level"], r["problem_id"], r["problem_name"]) for r in rows] == [(1, 19, "19_ReLU.py"),
-                                                                                  (2, 7, "7_Conv3d_ReLU.py")]
+    assert [(r["level"], r["problem_id"], r["problem_name"]) for r in rows] == [
+        (1, 19, "19_ReLU.py"),
+        (2, 7, "7_Conv3d_ReLU.py"),
+    ]
     first, second = rows
     assert first["recorded"]["status"] == "correct" and first["recorded"]["runtime"] == 2.5
     assert len(first["duplicates"]) == 1 and first["ref_matches_checkout"] is True
@@ -126,10 +128,12 @@ def test_balanced_subset_covers_problems_and_mixes_outcomes():
 def write_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "cands"
     folder.mkdir(parents=True)
-    rows = [{"id": "a", "level": 1, "problem_id": 19, "problem_name": "19_ReLU.py", "recorded": {"status": "correct"}},
-            {"id": "b", "level": 2, "problem_id": 7, "problem_name": "renamed.py"},  # found by its number
-            {"id": "c", "level": 2, "problem_id": 99, "problem_name": "99_x.py"},  # no such problem
-            {"id": "d", "level": 1, "problem_id": 19, "problem_name": "19_ReLU.py"}]  # no program file
+    rows = [
+        {"id": "a", "level": 1, "problem_id": 19, "problem_name": "19_ReLU.py", "recorded": {"status": "correct"}},
+        {"id": "b", "level": 2, "problem_id": 7, "problem_name": "renamed.py"},  # found by its number
+        {"id": "c", "level": 2, "problem_id": 99, "problem_name": "99_x.py"},  # no such problem
+        {"id": "d", "level": 1, "problem_id": 19, "problem_name": "19_ReLU.py"},
+    ]  # no program file
     (folder / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for cid in "abc":
         (folder / f"{cid}.py").write_text(CUDA_PROGRAM.format(value=1))
@@ -188,11 +192,15 @@ def test_harness_gives_unused_kernelbench_imports_stand_ins(tmp_path):
     pkg = tmp_path / "fakekb" / "src" / "kernelbench"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("from . import utils\n")
-    (pkg / "utils.py").write_text("from openai import OpenAI\nfrom litellm import completion\n"
-                                  "from dotenv import load_dotenv\nload_dotenv()\nfrom tqdm import tqdm\n")
+    (pkg / "utils.py").write_text(
+        "from openai import OpenAI\nfrom litellm import completion\n"
+        "from dotenv import load_dotenv\nload_dotenv()\nfrom tqdm import tqdm\n"
+    )
     (pkg / "eval.py").write_text("X = 1\n")
-    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import kernelbench_harness as h;"
-            f"from pathlib import Path; print(h.import_kernelbench(Path({str(tmp_path / 'fakekb')!r})))")
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import kernelbench_harness as h;"
+        f"from pathlib import Path; print(h.import_kernelbench(Path({str(tmp_path / 'fakekb')!r})))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     stubbed = eval(proc.stdout.strip())
@@ -206,3 +214,33 @@ def test_harness_numeric_arch_sets_the_torch_list(arch, expected, monkeypatch):
     import os
 
     assert os.environ["TORCH_CUDA_ARCH_LIST"] == expected
+
+
+def test_side_by_side_spreads_problems_and_counts_disagreements(tmp_path, capsys):
+    side = load("kernelbench_side_by_side")
+    cands = [{"id": f"c{p}{s}", "level": 1 + p // 5, "problem_id": p, "program": "", "reference": ""}
+             for p in range(10) for s in "ab"]  # fmt: skip
+    picked = side.spread_problems(cands, 3)
+    assert [c["problem_id"] for c in picked] == [0, 0, 3, 3, 6, 6]
+    assert side.spread_problems(cands, 0) == cands
+    out = tmp_path / "side"
+    out.mkdir()
+    ours = [("c0a", "correct"), ("c0b", "incorrect"), ("c3a", "rejected"), ("c3b", "correct")]
+    lines = [{"mode": m, "candidate_id": c, "task_id": "t", "status": s, "reason": f"why {c}", "speedup": 1.0,
+              "eval_s": 2.0, "flags": ""} for m in side.MODES for c, s in ours]  # fmt: skip
+    (out / "ours.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (out / "ours.json").write_text(json.dumps({"candidates": 4, "build_cpu_s": 400.0, "kernelbench_wall_s": 8.0,
+                                                "hardened_wall_s": 12.0}))  # fmt: skip
+    kb = {"c0a": "correct", "c0b": "incorrect", "c3a": "correct", "c3b": "runtime_error"}
+    (out / "kernelbench.jsonl").write_text("".join(
+        json.dumps({"id": c, "status": s, "gpu_s": 8.0, "build_cpu_s": 90.0, "error": "boom"}) + "\n"
+        for c, s in kb.items()))  # fmt: skip
+    args = type("Args", (), {"out": out, "node_cores": 16})()
+    result = side.report(picked[:4], args)
+    rows = {r["verifier"]: r for r in result["table"]}
+    assert rows["ours, hardened"]["GPU-s/cand mean"] == 3.0 and rows["ours, kernelbench"]["CPU-s/build"] == 100.0
+    assert rows["KernelBench harness"]["GPU-s/cand mean"] == 8.0
+    assert rows["ours, hardened"]["cand/h/node"] == 3600.0 / max(3.0, 100.0 / 16)
+    assert result["agreement"]["agree"] == 2
+    assert {d["id"] for d in result["agreement"]["disagreements"]} == {"c3a", "c3b"}
+    assert "c3a: ours rejected" in capsys.readouterr().out

@@ -1,0 +1,276 @@
+"""Our verifier (`kernelbench` and `hardened` modes) and KernelBench's own harness on the same model-written
+KernelBench candidates, on one GPU machine: GPU-seconds per candidate, candidates per hour per node, CPU-seconds per
+build, and how often `kernelbench` mode agrees with KernelBench's verdict.
+
+Input: a folder from benchmarks/kernelbench_candidates.py (`<id>.py` + `manifest.jsonl`) and a KernelBench checkout.
+Each part writes its own file under --out, so a run cut short, or parts run in separate calls (`--parts`), still
+make one table (`--parts report` prints it from what is there):
+
+    ours.jsonl       one line per candidate and mode (status, reason, speedup, eval_s)
+    ours.json        build wall and CPU seconds, verify wall seconds per mode
+    kernelbench.jsonl  benchmarks/kernelbench_harness.py's output (a fresh process per candidate, after a pre-build)
+
+    python benchmarks/kernelbench_side_by_side.py .bench/kb_candidates --kernelbench .bench/KernelBench \
+        --out results/bench/kb_side --problems 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT / "src"), str(HERE)]
+
+from kernelbench_harness import load_candidates, read_jsonl  # noqa: E402
+
+from concur import contracts  # noqa: E402
+
+MODES = ("kernelbench", "hardened")
+# KernelBench's outcome names for ours: it has no static screen and no `rejected`
+AGREE = {"correct": "correct", "incorrect": "incorrect", "compile_error": "compile_error"}
+
+
+def spread_problems(cands: list[dict], problems: int) -> list[dict]:
+    """Every candidate of `problems` problems spread evenly over the manifest's problem order (0: all)."""
+    order = list(dict.fromkeys((c["level"], c["problem_id"]) for c in cands))
+    if problems and problems < len(order):
+        step = len(order) / problems
+        order = [order[int(i * step)] for i in range(problems)]
+    keep = set(order)
+    return [c for c in cands if (c["level"], c["problem_id"]) in keep]
+
+
+def frames(cands: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The candidates and tasks tables (docs/data.md contracts 1 and 3) of the chosen candidates."""
+    tasks = {}
+    rows = []
+    for i, c in enumerate(cands):
+        task_id = f"L{c['level']}/{Path(c['reference']).stem}"
+        tasks[task_id] = {
+            "task_id": task_id,
+            "split": "eval",
+            "suite": "kernelbench",
+            "level": int(c["level"]),
+            "name": Path(c["reference"]).stem,
+            "code": Path(c["reference"]).read_text(),
+            "category": "fused",
+            "n_ops": 1,
+            "origin": c["reference"],
+        }
+        rows.append(
+            {
+                "candidate_id": c["id"],
+                "task_id": task_id,
+                "sample_idx": i,
+                "generator": c.get("model") or "",
+                "backend": "replay",
+                "prompt": "",
+                "response": "",
+                "reasoning": "",
+                "answer": "",
+                "code": Path(c["program"]).read_text(),
+                "reasoning_tokens": 0,
+                "completion_tokens": 0,
+                "finish_reason": "replay",
+                "seed": 0,
+            }
+        )
+    return (
+        contracts.conform(pd.DataFrame(rows), contracts.CANDIDATES),
+        contracts.conform(pd.DataFrame(list(tasks.values())), contracts.TASKS),
+    )
+
+
+def busy_cpu_s() -> float:
+    """CPU-seconds the whole machine spent busy (user, nice, system, irq, softirq), from /proc/stat."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
+    """Build every candidate once (shared by both modes), then verify all of them in each mode."""
+    from concur.verify import compile_frame, verify_frame
+
+    candidates, tasks = frames(cands)
+    work = args.out / "ours-work"
+    settings = {
+        "device": "cuda",
+        "workers": args.workers,
+        "compile_workers": args.build_workers,
+        "build_cache": str(work / "cache"),
+        "timeout_s": 900,
+    }
+    summary = {"candidates": len(candidates), "build_workers": args.build_workers, "workers": args.workers}
+    cpu0, t0 = busy_cpu_s(), time.perf_counter()
+    builds = compile_frame(candidates, {**settings, "mode": "hardened"}, work / "compile", progress=False)
+    summary["build_wall_s"], summary["build_cpu_s"] = time.perf_counter() - t0, busy_cpu_s() - cpu0
+    summary["built"] = int((builds["status"] == "built").sum())
+    with open(args.out / "ours.jsonl", "w") as out:
+        for mode in MODES:
+            t0 = time.perf_counter()
+            verdicts = verify_frame(candidates, tasks, {**settings, "mode": mode}, work / mode, False, builds=builds)
+            summary[f"{mode}_wall_s"] = time.perf_counter() - t0
+            for v in verdicts.to_dict("records"):
+                keep = ("candidate_id", "task_id", "status", "reason", "speedup", "eval_s", "flags")
+                out.write(json.dumps({"mode": mode, **{k: v[k] for k in keep}}, default=float) + "\n")
+            print(f"[ours] {mode}: {len(verdicts)} candidates in {summary[f'{mode}_wall_s']:.0f} s", flush=True)
+    (args.out / "ours.json").write_text(json.dumps(summary, indent=1))
+
+
+def run_kernelbench(cands: list[dict], args: argparse.Namespace) -> None:
+    """KernelBench's harness on the same candidates, in a process of its own (its children import KernelBench)."""
+    cmd = [
+        sys.executable,
+        str(HERE / "kernelbench_harness.py"),
+        str(args.candidates),
+        "--kernelbench",
+        str(args.kernelbench),
+        "--out",
+        str(args.out / "kernelbench.jsonl"),
+        "--work",
+        str(args.out / "kb-work"),
+        "--build-workers",
+        str(args.build_workers),
+        "--ids",
+        ",".join(c["id"] for c in cands),
+    ]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    print(f"[kernelbench] {len(cands)} candidates in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def report(cands: list[dict], args: argparse.Namespace) -> dict:
+    """The table of what is under --out, printed and returned."""
+    ids = [c["id"] for c in cands]
+    ours = (
+        pd.DataFrame([json.loads(x) for x in (args.out / "ours.jsonl").read_text().splitlines()])
+        if (args.out / "ours.jsonl").is_file()
+        else pd.DataFrame(columns=["mode", "candidate_id"])
+    )
+    summary = json.loads((args.out / "ours.json").read_text()) if (args.out / "ours.json").is_file() else {}
+    kb = read_jsonl(args.out / "kernelbench.jsonl") if (args.out / "kernelbench.jsonl").is_file() else {}
+    kb = {i: kb[i] for i in ids if i in kb}
+    rows = []
+    build_cpu = summary.get("build_cpu_s", 0) / max(1, summary.get("candidates", 1))
+    for mode in MODES:
+        part = ours[ours["mode"] == mode]
+        if part.empty:
+            continue
+        gpu = summary[f"{mode}_wall_s"] / len(part)  # one GPU taken in turns: wall per candidate is its cost
+        rows.append(
+            row(
+                f"ours, {mode}",
+                len(part),
+                gpu,
+                statistics.median(part["eval_s"]),
+                build_cpu,
+                args,
+                (part["status"] == "correct").sum(),
+            )
+        )
+    if kb:
+        gpu = [r["gpu_s"] for r in kb.values() if r.get("gpu_s") is not None]
+        builds = [r["build_cpu_s"] for r in kb.values() if r.get("build_cpu_s")]
+        rows.append(
+            row(
+                "KernelBench harness",
+                len(kb),
+                statistics.fmean(gpu),
+                statistics.median(gpu),
+                statistics.fmean(builds) if builds else 0.0,
+                args,
+                sum(r["status"] == "correct" for r in kb.values()),
+            )
+        )
+    table = pd.DataFrame(rows)
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    result = {"table": rows, "agreement": agreement(ours[ours["mode"] == "kernelbench"], kb)}
+    (args.out / "report.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+def row(name: str, n: int, mean_gpu: float, median_gpu: float, build_cpu: float, args, correct: int) -> dict:
+    # compile and verify overlapped on one node: the slower of the GPU and the CPU pool sets the pace
+    per_hour = 3600.0 / max(mean_gpu, build_cpu / args.node_cores)
+    return {
+        "verifier": name,
+        "candidates": n,
+        "correct": int(correct),
+        "GPU-s/cand mean": mean_gpu,
+        "GPU-s/cand median": median_gpu,
+        "CPU-s/build": build_cpu,
+        "cand/h/node": per_hour,
+    }
+
+
+def agreement(ours: pd.DataFrame, kb: dict) -> dict:
+    """Whether each candidate is correct, ours (`kernelbench` mode) against KernelBench's; disagreements listed."""
+    both = [
+        (r["candidate_id"], r["status"], kb[r["candidate_id"]]["status"])
+        for r in ours.to_dict("records")
+        if r["candidate_id"] in kb
+    ]
+    differ = [
+        {
+            "id": cid,
+            "ours": mine,
+            "kernelbench": theirs,
+            "reason": ours.set_index("candidate_id").at[cid, "reason"],
+            "kb_error": kb[cid].get("error") or kb[cid].get("error_name"),
+        }
+        for cid, mine, theirs in both
+        if (mine == "correct") != (theirs == "correct")
+    ]
+    same_kind = sum(AGREE.get(m, "error") == AGREE.get(t, "error") for _, m, t in both)
+    n = len(both)
+    print(
+        f"\nkernelbench mode vs KernelBench: correct/not agree on {n - len(differ)}/{n}"
+        f" ({100.0 * (n - len(differ)) / max(1, n):.1f} %), same outcome kind on {same_kind}/{n}"
+    )
+    for d in differ:
+        print(
+            f"  {d['id']}: ours {d['ours']} ({str(d['reason'])[:100]}), KernelBench {d['kernelbench']}"
+            f" ({str(d['kb_error'])[:100]})"
+        )
+    return {"compared": n, "agree": n - len(differ), "same_kind": same_kind, "disagreements": differ}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("candidates", type=Path)
+    parser.add_argument("--kernelbench", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--problems", type=int, default=0, help="this many problems, spread evenly (0: all)")
+    parser.add_argument("--parts", default="ours,kernelbench,report", help="any of ours, kernelbench, report")
+    parser.add_argument("--workers", type=int, default=8, help="our contestants per GPU")
+    parser.add_argument("--build-workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--node-cores", type=int, default=len(os.sched_getaffinity(0)))
+    args = parser.parse_args()
+    cands, problems = load_candidates(args.candidates, args.kernelbench)
+    for p in problems:
+        print(f"[skip] {p}")
+    cands = spread_problems(cands, args.problems)
+    args.out.mkdir(parents=True, exist_ok=True)
+    parts = set(args.parts.split(","))
+    print(f"{len(cands)} candidates over {len({(c['level'], c['problem_id']) for c in cands})} problems", flush=True)
+    if "ours" in parts:
+        run_ours(cands, args)
+    if "kernelbench" in parts:
+        run_kernelbench(cands, args)
+    if "report" in parts:
+        report(cands, args)
+
+
+if __name__ == "__main__":
+    main()
