@@ -111,6 +111,25 @@ def test_nan_never_passes_and_inf_fails_only_in_hardened():
     assert not checks.compare([ref_inf[0].clone()], ref_inf, {}, strict_finite=True)["ok_finite"]
 
 
+def test_signed_trials_measure_rounding_against_the_outputs_scale():
+    """Honest: a long matmul over signed inputs summed sequentially in float32 (as a naive kernel does) differs from
+    the blocked reference by rounding alone, above an element-wise tolerance where sums cancel. Attack: a kernel
+    that drops the negative products (assumes non-negative inputs, as `torch.rand` draws are)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(64, 262144, generator=g) * 2 - 1, torch.rand(262144, 64, generator=g) * 2 - 1
+    ref = [a @ b]
+    sequential = torch.zeros(64, 64)
+    for start in range(0, 262144, 64):  # float32 partial sums in another order
+        sequential += a[:, start : start + 64] @ b[start : start + 64]
+    assert not checks.compare([sequential], ref, {}, strict_finite=True)["allclose"]
+    assert checks.compare([sequential], ref, {}, strict_finite=True, leaf_scale=True)["allclose"]
+    positive_only = (a.clamp(min=0) @ b.clamp(min=0)) + (a.clamp(max=0) @ b.clamp(max=0))
+    assert not checks.compare([positive_only], ref, {}, strict_finite=True, leaf_scale=True)["allclose"]
+    off_by_one_element = ref[0].clone()
+    off_by_one_element[3, 5] += 0.05 * ref[0].abs().max()
+    assert not checks.compare([off_by_one_element], ref, {}, strict_finite=True, leaf_scale=True)["allclose"]
+
+
 def test_comparisons_run_chunk_by_chunk(monkeypatch):
     monkeypatch.setattr(checks, "CHUNK", 7)
     a = torch.randn(100)

@@ -162,7 +162,7 @@ def run_trials(referee, task, candidate, settings, facts, deadline) -> bool:
             passed = False
             break
         outputs, _ = referee.handoff(candidate, [metas], "correctness", limit(deadline, call_timeout(task, 1)))
-        trial.update(checks.compare(outputs[0], ref, settings, strict_finite=hardened))
+        trial.update(checks.compare(outputs[0], ref, settings, strict_finite=hardened, leaf_scale=kind == "signed"))
         trial["mutated"] = mutated(torch, candidate, specs, values)
         if number == 1:  # last: the float64 reference's hand-off lands beside `ref` in the same arena
             facts["precision"] = precision(referee, task, values, ref, outputs[0], seed)
