@@ -1,3 +1,5 @@
+import logging
+
 import pandas as pd
 import pytest
 
@@ -117,3 +119,42 @@ def test_kernelbook_adapter_keeps_model_when_the_entry_point_is_model():
     assert adapted.rstrip().endswith("return [3.0]") and "Model = " not in adapted
     with pytest.raises(TaskError, match="does not end in `return \\[\\[args\\], \\{kwargs\\}\\]`"):
         adapt_kernelbook(PROGRAM, "Model")
+
+
+def test_references_are_sized_on_meta_and_only_small_ones_run_and_are_probed(tmp_path, caplog):
+    """One stage over four programs: the checks on the meta device decide what runs on the CPU, only a real run
+    rejects, and only programs run for real are probed."""
+    forward = "return torch.relu((x + y) * self.scale).sum(dim=-1)"
+    programs = {
+        # 2000 products of 2048 x 2048 matrices: 34 TFLOP, minutes on a core (past validate_timeout_s), 32 MB
+        "huge": PROGRAM.replace(forward, "for _ in range(2000):\n            x = x @ y\n        return x").replace(
+            "torch.rand(4, 8), torch.rand(4, 8)", "torch.rand(2048, 2048), torch.rand(2048, 2048)"
+        ),
+        "small": PROGRAM,
+        # meta tensors cannot run nonzero or .item(): the meta check fails and the real run decides
+        "data_dependent": PROGRAM.replace(forward, "return x[torch.nonzero(x > 0.5, as_tuple=True)] * y.max().item()"),
+        "broken": PROGRAM.replace(forward, "return x @ y  # (4, 8) @ (4, 8)"),
+    }
+    for name, code in programs.items():
+        (tmp_path / f"{name}.py").write_text(code)
+    caplog.set_level(logging.INFO, logger="concur.tasks")
+    settings = {"validate_run": True, "validate_timeout_s": 20}
+    out = build_tasks([{"kind": "folder", "path": str(tmp_path)}], settings, workers=2)
+
+    unchecked = dict(zip(out["unchecked"]["task_id"], out["unchecked"]["reason"]))
+    assert unchecked == {
+        "user/huge": "checked on the meta device only: 34360 GFLOP, 32 MB (over validate_max_gflop); "
+        "the verify job runs it on the GPU"
+    }
+    rejected = dict(zip(out["rejected"]["task_id"], out["rejected"]["reason"]))
+    assert rejected == {
+        "user/broken": "reference does not run: RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x8 and 4x8)"
+    }
+    train = out["train"].set_index("task_id")
+    assert sorted(train.index) == ["user/data_dependent", "user/huge", "user/small"]
+    # probed (a bool) only where the reference ran for real; unknown (<NA>) for the meta-only one
+    assert str(train["degenerate"].dtype) == "boolean"
+    assert train.loc["user/huge", "degenerate"] is pd.NA and train.loc["user/huge", "degenerate_outputs"] == ""
+    assert train.loc[["user/small", "user/data_dependent"], "degenerate"].tolist() == [False, False]
+    assert "validated 4/4 programs (2 run, 1 meta only, 0 cut short, 1 rejected)" in caplog.text
+    assert "probed 2/2 tasks (0 degenerate, 2 not degenerate)" in caplog.text

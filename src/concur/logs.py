@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -46,3 +49,31 @@ def _configure() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True, stream=sys.stderr
     )
+
+
+class Progress:
+    """Counts finished items by outcome and logs "{verb} 120/200 {noun} (95 run, 5 rejected), 1m40s" at most every
+    `every_s` seconds (a long stage is never silent, a big one never floods its log), and the same line at the end.
+    Thread-safe: workers call `add`."""
+
+    def __init__(self, log: logging.Logger, verb: str, noun: str, total: int, outcomes: list[str], every_s=10.0):
+        self.log, self.verb, self.noun, self.total, self.every_s = log, verb, noun, total, every_s
+        self.counts = Counter({outcome: 0 for outcome in outcomes})
+        self.started = self.last = time.monotonic()
+        self.lock = threading.Lock()
+
+    def add(self, outcome: str) -> None:
+        with self.lock:
+            self.counts[outcome] += 1
+            if time.monotonic() - self.last >= self.every_s:
+                self.last = time.monotonic()
+                self.log.info("%s", self.line())
+
+    def finish(self) -> None:
+        self.log.info("%s", self.line())
+
+    def line(self) -> str:
+        seconds = round(time.monotonic() - self.started)
+        elapsed = f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+        outcomes = ", ".join(f"{n} {outcome}" for outcome, n in self.counts.items())
+        return f"{self.verb} {sum(self.counts.values())}/{self.total} {self.noun} ({outcomes}), {elapsed}"

@@ -3,8 +3,9 @@
 A source (`sources`) turns a collection of PyTorch programs into rows of contracts.TASKS: the built-in suite, a
 KernelBook export (or hub id, adapted by `kernelbook`), a KernelBench checkout or dataset export, or a user's folder.
 Every program is then checked once (`programs`): it must parse and define Model, get_inputs and get_init_inputs,
-and (with `validate_run`) its reference must run on the CPU in a forked child with a time and memory limit
-(`reference`). Programs that fail go to rejected.csv and never stop the run (`stage`).
+and (with `validate_run`) its reference is sized on the meta device and, when small enough, must run on the CPU in a
+forked child with a time and memory limit (`reference`). Programs that fail go to rejected.csv and never stop the run
+(`stage`).
 """
 
 from .kernelbook import adapt_kernelbook

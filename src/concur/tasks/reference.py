@@ -1,4 +1,5 @@
-"""Each task's reference run once on the CPU, in a forked child with a time and memory limit.
+"""Each task's reference checked once, in a forked child with a time and memory limit: first on the meta device
+(structure, bytes and FLOPs, no memory and no compute), then, when small enough, run for real on the CPU.
 
 A checker process imports torch once and forks a fresh child per program, so a program costs a fork rather than a
 new interpreter; the child's verdict comes back through a pipe.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import queue
 import re
@@ -19,16 +21,31 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..logs import Progress
 from .programs import REQUIRED_NAMES, one_line
 
+log = logging.getLogger("concur.tasks")
 _SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 _MB = 2**20
+_OUTCOMES = {
+    "ok": "run",
+    "meta_only": "meta only",
+    "timeout": "cut short",
+    "too_large": "cut short",
+    "rejected": "rejected",
+}
 
 
 def validate_programs(
-    codes: list[str], timeout_s: float, max_input_mb: float, workers: int, started: list | None = None
+    codes: list[str],
+    timeout_s: float,
+    max_input_mb: float,
+    max_gflop: float,
+    workers: int,
+    started: list | None = None,
 ) -> list[dict]:
-    """One verdict per program, in order: {"status": ok | rejected | too_large | timeout, "reason", "seconds"}.
+    """One verdict per program, in order: {"status", "reason", "seconds"}; status is ok (run on the CPU), meta_only
+    (over max_input_mb or max_gflop on the meta device: not run), rejected, too_large (out of memory) or timeout.
 
     Each checker process imports torch once and forks a fresh child per program, so a program costs a fork rather
     than a new interpreter. `started`: checkers started earlier (their torch import overlaps the caller's work).
@@ -41,16 +58,23 @@ def validate_programs(
     for checker in checkers:
         idle.put(checker)
 
+    progress = Progress(log, "validated", "programs", len(codes), list(_OUTCOMES.values()))
+    job = {"timeout_s": timeout_s, "max_input_mb": max_input_mb, "max_gflop": max_gflop}
+
     def check(code: str) -> dict:
         checker = idle.get()
         try:
-            return checker.check({"code": code, "timeout_s": timeout_s, "max_input_mb": max_input_mb})
+            verdict = checker.check({**job, "code": code})
         finally:
             idle.put(checker)
+        progress.add(_OUTCOMES[verdict["status"]])
+        return verdict
 
     try:
         with ThreadPoolExecutor(max_workers=len(checkers)) as pool:
-            return list(pool.map(check, codes))
+            verdicts = list(pool.map(check, codes))
+        progress.finish()
+        return verdicts
     finally:
         for checker in checkers:
             checker.close()
@@ -172,7 +196,7 @@ def _child(job: dict, write_fd: int) -> None:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        verdict = _run_reference(job["code"], job["max_input_mb"])
+        verdict = _run_reference(job["code"], job["max_input_mb"], job["max_gflop"])
     except BaseException as err:  # the program may raise anything, SystemExit included
         verdict = {"status": "rejected", "reason": one_line(err)}
     try:
@@ -181,7 +205,7 @@ def _child(job: dict, write_fd: int) -> None:
         os._exit(0)
 
 
-def _run_reference(code: str, max_input_mb: float) -> dict:
+def _run_reference(code: str, max_input_mb: float, max_gflop: float) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -191,9 +215,11 @@ def _run_reference(code: str, max_input_mb: float) -> dict:
     missing = [name for name in REQUIRED_NAMES if name not in namespace]
     if missing:
         return {"status": "rejected", "reason": f"does not define {', '.join(missing)}"}
-    size_mb = _meta_size_mb(namespace)
-    if size_mb is not None and size_mb > max_input_mb:
-        return {"status": "too_large", "reason": f"parameters and inputs take {size_mb:.0f} MB, over max_input_mb"}
+    size_mb, gflop = _meta_cost(namespace)
+    if (size_mb or 0) > max_input_mb or (gflop or 0) > max_gflop:
+        return {"status": "meta_only", "reason": _meta_only_reason(size_mb, gflop, max_input_mb, max_gflop)}
+    # Small enough, or the meta run failed: only a real run may reject a program (a meta failure can be an artefact
+    # of meta tensors, which cannot run data-dependent code such as nonzero or .item()).
     torch.manual_seed(0)
     try:
         model = namespace["Model"](*namespace["get_init_inputs"]())
@@ -209,19 +235,42 @@ def _run_reference(code: str, max_input_mb: float) -> dict:
     return {"status": "ok", "reason": ""}
 
 
-def _meta_size_mb(namespace: dict) -> float | None:
-    """Bytes of parameters, buffers and inputs built on the meta device (no memory used); None if that fails."""
+def _meta_cost(namespace: dict) -> tuple[float | None, float | None]:
+    """(MB of parameters, buffers and inputs; GFLOP of one forward), both on the meta device (no memory, no compute);
+    None where that fails. FlopCounterMode counts matmuls, convolutions and attention, not elementwise ops (the
+    bytes cap and the time limit bound those)."""
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
     try:
         with torch.device("meta"):
             model = namespace["Model"](*namespace["get_init_inputs"]())
             inputs = namespace["get_inputs"]()
     except Exception:  # data-dependent code cannot run on meta tensors; the real run is still limited
-        return None
+        return None, None
     tensors = [*model.parameters(), *model.buffers()] if isinstance(model, torch.nn.Module) else []
     tensors += [t for t in _flatten(inputs) if isinstance(t, torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors) / _MB
+    size_mb = sum(t.numel() * t.element_size() for t in tensors) / _MB
+    try:
+        with torch.device("meta"), torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(*inputs)
+    except Exception:  # data-dependent, or an op without a meta kernel: unknown, the real run decides
+        return size_mb, None
+    return size_mb, counter.get_total_flops() / 1e9
+
+
+def _meta_only_reason(size_mb: float, gflop: float | None, max_input_mb: float, max_gflop: float) -> str:
+    caps = (("max_input_mb", size_mb, max_input_mb), ("validate_max_gflop", gflop, max_gflop))
+    over = " and ".join(name for name, value, cap in caps if (value or 0) > cap)
+    if gflop is None:
+        measured = f"{size_mb:.0f} MB (over {over}; its forward does not run on the meta device)"
+    else:
+        measured = f"{_num(gflop)} GFLOP, {size_mb:.0f} MB (over {over})"
+    return f"checked on the meta device only: {measured}; the verify job runs it on the GPU"
+
+
+def _num(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
 
 
 def _flatten(value):

@@ -14,6 +14,7 @@ from .. import config, contracts
 from ..contamination import code_hash, contamination_report
 from ..contracts import SPLITS
 from ..io import write_csv, write_parquet
+from ..logs import Progress
 from .programs import TaskError
 from .reference import Checker, validate_programs
 from .sources import SOURCES
@@ -22,6 +23,9 @@ log = logging.getLogger("concur.tasks")
 
 REPORT_COLUMNS = ["task_id", "source", "origin", "reason"]
 OUTPUTS = ("train", "eval", "rejected", "unchecked", "contamination")
+# The probe runs a reference ~correctness_trials + 1 times: only tasks whose one CPU run took at most this are probed
+# here; the verify job probes every task again anyway.
+PROBE_MAX_RUN_S = 2.0
 
 
 def shard_of(task_id: str, n_shards: int) -> int:
@@ -54,7 +58,7 @@ def build_tasks(sources: list[dict], settings: dict | None = None, workers: int 
         for checker in early:
             checker.close()
         raise
-    tasks, failed, unchecked = _validate(tasks, settings, workers, early)
+    tasks, failed, unchecked, unprobed = _validate(tasks, settings, workers, early)
     train, eval_ = (tasks[tasks["split"] == split] for split in SPLITS)
     report = contamination_report(train, eval_, settings["similarity_threshold"], settings["ngram"])
     if settings["drop_contaminated"]:
@@ -72,8 +76,7 @@ def build_tasks(sources: list[dict], settings: dict | None = None, workers: int 
     train = contracts.conform(train, contracts.TASKS, "tasks/train")
     eval_ = contracts.conform(eval_, contracts.TASKS, "tasks/eval")
     if settings["validate_run"]:
-        skip = {row["task_id"] for row in unchecked}
-        train, eval_ = flag_degenerate([train, eval_], skip, settings, workers)
+        train, eval_ = flag_degenerate([train, eval_], unprobed, settings, workers)
     return {
         "train": train,
         "eval": eval_,
@@ -85,22 +88,32 @@ def build_tasks(sources: list[dict], settings: dict | None = None, workers: int 
 
 def flag_degenerate(frames: list[pd.DataFrame], skip: set[str], settings: dict, workers: int) -> list[pd.DataFrame]:
     """Add `degenerate` (a trivial output — zeros, an input, a constant — passes the task's check, so its verdicts
-    prove little) and `degenerate_outputs` (which ones), probed once per task on the CPU with the verifier's check."""
+    prove little) and `degenerate_outputs` (which ones), probed once per task on the CPU with the verifier's check.
+    Tasks in `skip` are not probed: `degenerate` is <NA> (unknown) and `degenerate_outputs` empty."""
     from ..verify import normalize_settings, probe_tasks
 
     probe_settings = normalize_settings(
         {"device": "cpu", "workers": max(1, workers), "timeout_s": settings["validate_timeout_s"]}
     )
     references = {t: c for f in frames for t, c in zip(f["task_id"], f["code"]) if t not in skip}
+    progress = Progress(log, "probed", "tasks", len(references), ["degenerate", "not degenerate"])
     with tempfile.TemporaryDirectory(prefix="concur-probe-") as workdir:
-        kinds = probe_tasks(references, probe_settings, Path(workdir))
+        kinds = probe_tasks(
+            references,
+            probe_settings,
+            Path(workdir),
+            lambda _, k: progress.add("degenerate" if k else "not degenerate"),
+        )
+    progress.finish()
     flagged = []
     for frame in frames:
-        found = [kinds.get(t, []) for t in frame["task_id"]]
-        flagged.append(
-            frame.assign(degenerate=[bool(k) for k in found], degenerate_outputs=["+".join(k) for k in found])
-        )
-    log.info("degenerate tasks: %s", sorted(t for t, k in kinds.items() if k) or "none")
+        found = [kinds.get(t) for t in frame["task_id"]]
+        degenerate = pd.array([pd.NA if k is None else bool(k) for k in found], dtype="boolean")
+        flagged.append(frame.assign(degenerate=degenerate, degenerate_outputs=["+".join(k or []) for k in found]))
+    unprobed = sum(t not in kinds for f in frames for t in f["task_id"])
+    log.info(
+        "degenerate tasks: %s; %d tasks not probed here", sorted(t for t, k in kinds.items() if k) or "none", unprobed
+    )
     return flagged
 
 
@@ -133,22 +146,32 @@ def drop_duplicate_code(tasks: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
 
 def _validate(
     tasks: pd.DataFrame, settings: dict, workers: int, started: list
-) -> tuple[pd.DataFrame, list[dict], list[dict]]:
-    """Run every reference once; failures are rejected, programs too big or slow for the CPU kept but listed."""
+) -> tuple[pd.DataFrame, list[dict], list[dict], set[str]]:
+    """Check every reference once: failures are rejected; programs checked on the meta device only, or too big or
+    slow for the CPU, are kept but listed. Also the ids not to probe (not run to the end, or slow)."""
     if not settings["validate_run"]:
         unchecked = [_report_row(t, "not run: validate_run is false") for t in tasks.itertuples(index=False)]
-        return tasks, [], unchecked
+        return tasks, [], unchecked, set(tasks["task_id"])
     verdicts = validate_programs(
-        tasks["code"].tolist(), settings["validate_timeout_s"], settings["max_input_mb"], workers, started
+        tasks["code"].tolist(),
+        settings["validate_timeout_s"],
+        settings["max_input_mb"],
+        settings["validate_max_gflop"],
+        workers,
+        started,
     )
-    keep, failed, unchecked = [], [], []
+    keep, failed, unchecked, unprobed = [], [], [], set()
     for task, verdict in zip(tasks.itertuples(index=False), verdicts):
         keep.append(verdict["status"] != "rejected")
         if verdict["status"] == "rejected":
             failed.append(_report_row(task, f"reference does not run: {verdict['reason']}"))
+        elif verdict["status"] == "meta_only":
+            unchecked.append(_report_row(task, verdict["reason"]))
         elif verdict["status"] != "ok":
             unchecked.append(_report_row(task, f"not run to the end: {verdict['reason']}"))
-    return tasks[keep].reset_index(drop=True), failed, unchecked
+        if verdict["status"] != "ok" or verdict["seconds"] > PROBE_MAX_RUN_S:
+            unprobed.add(task.task_id)
+    return tasks[keep].reset_index(drop=True), failed, unchecked, unprobed
 
 
 def _report_row(task, reason: str) -> dict:

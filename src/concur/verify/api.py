@@ -99,9 +99,9 @@ def verify_one(reference_code: str, solution_code: str, settings: dict, workdir:
     return {**verdicts[0], "degenerate": bool(kinds), "degenerate_outputs": kinds}
 
 
-def probe_tasks(references: dict[str, str], settings: dict, workdir: Path) -> dict[str, list[str]]:
+def probe_tasks(references: dict[str, str], settings: dict, workdir: Path, on_done=None) -> dict[str, list[str]]:
     """task_id -> the trivial outputs that pass its check (empty: the check is sound), run on the referees; cached
-    per reference and check settings."""
+    per reference and check settings. `on_done(task_id, kinds)` is called as each task's answer comes (progress)."""
     settings = normalize_settings(settings)
     cache = cache_root_of(settings, workdir) / "probes"
     cache.mkdir(parents=True, exist_ok=True)
@@ -113,6 +113,8 @@ def probe_tasks(references: dict[str, str], settings: dict, workdir: Path) -> di
         cached = cache / f"{key}.json"
         if cached.exists():
             found[task_id] = json.loads(cached.read_text())
+            if on_done is not None:
+                on_done(task_id, found[task_id])
         else:
             payloads.append(
                 {
@@ -130,6 +132,8 @@ def probe_tasks(references: dict[str, str], settings: dict, workdir: Path) -> di
         found[payload["task_id"]] = kinds or []
         if kinds is not None:  # a failing reference: its candidates get runtime errors, nothing to flag
             write_text(json.dumps(kinds), Path(payload["key"]))
+        if on_done is not None:
+            on_done(payload["task_id"], kinds or [])
 
     if payloads:
         orchestrate.evaluate_all(payloads, settings, cache_root_of(settings, workdir), False, done)
