@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from concur.verify import checks, exchange, sandbox, timing
+from concur.verify import checks, exchange, procs, sandbox, timing
 from concur.verify.evaluation import trial_plan
 
 PASS = {"ok_shape": True, "ok_dtype": True, "ok_finite": True, "allclose": True, "max_abs_err": 0.001}
@@ -299,3 +299,11 @@ def test_readable_paths_cover_everything_but_the_hidden_trees(tmp_path):
 
 def test_landlock_abi_is_a_number():
     assert isinstance(sandbox.landlock_abi(), int) and not math.isnan(sandbox.landlock_abi())
+
+
+def test_a_closed_zygote_exits_on_its_own():
+    """EOF on its control socket ends a zygote, although the requester's reader thread is blocked on that socket
+    (a close alone left it waiting, and every verify process paid the 10 s before it is killed at exit)."""
+    zygote = procs.Zygote()
+    zygote.close()
+    assert zygote.proc.returncode == 0

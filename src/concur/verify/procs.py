@@ -80,10 +80,13 @@ class Channel:
         return data, fds
 
     def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        # shutdown first: a close alone leaves the socket open while another thread is blocked reading it, and the
+        # peer (a zygote waiting for EOF to exit) would never hear of it
+        for end in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
+            try:
+                end()
+            except OSError:
+                pass
 
 
 def _plain(value):
