@@ -116,6 +116,8 @@ def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
     builds = compile_frame(candidates, {**settings, "mode": "hardened"}, work / "compile", progress=False)
     summary["build_wall_s"], summary["build_cpu_s"] = time.perf_counter() - t0, busy_cpu_s() - cpu0
     summary["built"] = int((builds["status"] == "built").sum())
+    summary["build_steps_s"] = build_steps(work / "cache")
+    print(f"[ours] build steps, median seconds: {summary['build_steps_s']}", flush=True)
     with open(args.out / "ours.jsonl", "w") as out:
         for mode in MODES:
             t0 = time.perf_counter()
@@ -126,6 +128,18 @@ def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
                 out.write(json.dumps({"mode": mode, **{k: v[k] for k in keep}}, default=float) + "\n")
             print(f"[ours] {mode}: {len(verdicts)} candidates in {summary[f'{mode}_wall_s']:.0f} s", flush=True)
     (args.out / "ours.json").write_text(json.dumps(summary, indent=1))
+
+
+def build_steps(cache: Path) -> dict:
+    """Median seconds of each build step over the cache's builds, from ninja's logs: the binding unit (main.o), the
+    .cu file through nvcc (cuda.o) and the link (.so)."""
+    steps: dict[str, list[float]] = {}
+    for log in cache.rglob(".ninja_log"):
+        for line in log.read_text().splitlines()[1:]:
+            start, end, _, target, _ = line.split("\t")
+            name = "link" if target.endswith(".so") else Path(target).name
+            steps.setdefault(name, []).append((int(end) - int(start)) / 1000.0)
+    return {name: round(statistics.median(times), 1) for name, times in sorted(steps.items())}
 
 
 def run_kernelbench(cands: list[dict], args: argparse.Namespace) -> None:

@@ -244,3 +244,7 @@ def test_side_by_side_spreads_problems_and_counts_disagreements(tmp_path, capsys
     assert result["agreement"]["agree"] == 2
     assert {d["id"] for d in result["agreement"]["disagreements"]} == {"c3a", "c3b"}
     assert "c3a: ours rejected" in capsys.readouterr().out
+    log = tmp_path / "cache" / "entry" / ".ninja_log"
+    log.parent.mkdir(parents=True)
+    log.write_text("# ninja log v5\n0\t22000\t0\tmain.o\th\n0\t60000\t0\tcuda.cuda.o\th\n60000\t60400\t0\tm.so\th\n")
+    assert side.build_steps(tmp_path / "cache") == {"cuda.cuda.o": 60.0, "link": 0.4, "main.o": 22.0}
