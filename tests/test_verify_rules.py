@@ -3,6 +3,7 @@ processes, the degenerate probe, KernelBench's seeds, and the sandbox (in a fork
 
 import math
 import os
+import time
 
 import pytest
 import torch
@@ -307,3 +308,14 @@ def test_a_closed_zygote_exits_on_its_own():
     zygote = procs.Zygote()
     zygote.close()
     assert zygote.proc.returncode == 0
+
+
+def test_warm_up_ends_after_one_slow_batch(monkeypatch):
+    """Honest slow kernels are not made to run `warmup` batches of seconds each; fast ones still get all of them."""
+    from concur.verify import measure
+
+    for batch_s, expected in ((0.02, 3), (0.15, 1)):
+        batches = []
+        monkeypatch.setattr(measure, "timed_batch", lambda *a, s=batch_s, b=batches: b.append(time.sleep(s)))
+        measure.warm_up(None, None, None, 1, {"warmup": 3, "timing_min_s": 0.1}, lambda *a: {"ok": True})
+        assert len(batches) == expected
