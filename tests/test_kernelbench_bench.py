@@ -209,7 +209,9 @@ def test_harness_gives_unused_kernelbench_imports_stand_ins(tmp_path):
 
 @pytest.mark.parametrize("arch, expected", [("9.0", "9.0"), ("8.9;9.0", "8.9;9.0")])
 def test_harness_numeric_arch_sets_the_torch_list(arch, expected, monkeypatch):
-    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    # setenv, not delenv: delenv of an absent variable records nothing, and set_arch's value would outlive the test
+    # (it reached the SLURM test's build cache keys)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "")
     harness.set_arch(arch)
     import os
 
