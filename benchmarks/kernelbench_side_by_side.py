@@ -29,11 +29,10 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:0] = [str(ROOT / "src"), str(HERE)]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(HERE)]
 
 from kernelbench_harness import load_candidates, read_jsonl  # noqa: E402
-
-from concur import contracts  # noqa: E402
+from verify_frames import candidates_frame, tasks_frame  # noqa: E402
 
 MODES = ("kernelbench", "hardened")
 # KernelBench's outcome names for ours: it has no static screen and no `rejected`
@@ -52,42 +51,11 @@ def spread_problems(cands: list[dict], problems: int) -> list[dict]:
 
 def frames(cands: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The candidates and tasks tables (docs/data.md contracts 1 and 3) of the chosen candidates."""
-    tasks = {}
-    rows = []
-    for i, c in enumerate(cands):
-        task_id = f"L{c['level']}/{Path(c['reference']).stem}"
-        tasks[task_id] = {
-            "task_id": task_id,
-            "split": "eval",
-            "suite": "kernelbench",
-            "level": int(c["level"]),
-            "name": Path(c["reference"]).stem,
-            "code": Path(c["reference"]).read_text(),
-            "category": "fused",
-            "n_ops": 1,
-            "origin": c["reference"],
-        }
-        rows.append(
-            {
-                "candidate_id": c["id"],
-                "task_id": task_id,
-                "sample_idx": i,
-                "generator": c.get("model") or "",
-                "backend": "replay",
-                "prompt": "",
-                "response": "",
-                "reasoning": "",
-                "answer": "",
-                "code": Path(c["program"]).read_text(),
-                "reasoning_tokens": 0,
-                "completion_tokens": 0,
-                "finish_reason": "replay",
-                "seed": 0,
-            }
-        )
+    task_of = {c["id"]: f"L{c['level']}/{Path(c['reference']).stem}" for c in cands}
+    references = {task_of[c["id"]]: Path(c["reference"]).read_text() for c in cands}
     return (
-        contracts.conform(pd.DataFrame(rows), contracts.CANDIDATES),
-        contracts.conform(pd.DataFrame(list(tasks.values())), contracts.TASKS),
+        candidates_frame([(c["id"], task_of[c["id"]], Path(c["program"]).read_text()) for c in cands]),
+        tasks_frame(list(references.items())),
     )
 
 

@@ -250,3 +250,9 @@ def test_side_by_side_spreads_problems_and_counts_disagreements(tmp_path, capsys
     log.parent.mkdir(parents=True)
     log.write_text("# ninja log v5\n0\t22000\t0\tmain.o\th\n0\t60000\t0\tcuda.cuda.o\th\n60000\t60400\t0\tm.so\th\n")
     assert side.build_steps(tmp_path / "cache") == {"cuda.cuda.o": 60.0, "link": 0.4, "main.o": 22.0}
+    (tmp_path / "ref.py").write_text("class Model: pass\n")
+    (tmp_path / "new.py").write_text("class ModelNew: pass\n")
+    same_problem = [{"id": i, "level": 2, "reference": str(tmp_path / "ref.py"), "program": str(tmp_path / "new.py")}
+                    for i in "xy"]  # fmt: skip
+    candidates, tasks = side.frames(same_problem)
+    assert list(candidates["task_id"]) == ["L2/ref", "L2/ref"] and list(tasks["task_id"]) == ["L2/ref"]
