@@ -102,9 +102,10 @@ def main() -> None:
         "steady state rather than one round of children",
     )
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--work", type=Path, help="work folder (build cache included); default: a fresh temporary one")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="concur-bench-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="concur-bench-"))
     settings = {
         "device": "cuda",
         "mode": args.mode,
@@ -134,13 +135,25 @@ def main() -> None:
     fast = candidates[candidates["candidate_id"].str.endswith("-fast")].iloc[[0]]
     speedups, mean_speedups, repeat_rows = [], [], []
     for r in range(args.repeats):
+        repeat_facts: list[dict] = []
+        api.FACTS_SINK = lambda candidate_id, facts, into=repeat_facts: into.append(facts)
         row = verify_frame(fast, tasks, settings, work / f"repeat{r}", progress=False, builds=builds).iloc[0]
+        api.FACTS_SINK = None
         speedups.append(float(row["speedup"]))  # hardened: ratio of medians; kernelbench: of means
         mean_speedups.append(float(row["ref_ms"] / row["new_ms"]))
-        repeat_rows.append({k: row[k] for k in ("ref_median_ms", "new_median_ms", "speedup", "flags")})
+        timed = repeat_facts[0].get("timing", {}) if repeat_facts else {}
+        repeat_rows.append(
+            {
+                **{k: row[k] for k in ("ref_median_ms", "new_median_ms", "speedup", "flags")},
+                "calls_per_batch": timed.get("calls_per_batch"),
+                "batches": [timed.get(side, {}).get("batches") for side in ("ref", "new")],
+                "batch_cv": [round(timed.get(side, {}).get("cv", 0.0), 4) for side in ("ref", "new")],
+            }
+        )
     cv, mean_cv = variation(speedups), variation(mean_speedups)
 
     stages = job_stages(reports)
+    print(pd.DataFrame(repeat_rows).to_string())
     n = len(candidates)
     gpu_s = verify_wall / len(to_verify)  # the GPU is taken in turns: wall time per candidate is what it costs it
     compile_s = compile_wall / n

@@ -3,6 +3,7 @@ processes, the degenerate probe, KernelBench's seeds, and the sandbox (in a fork
 
 import math
 import os
+import socket
 import time
 
 import pytest
@@ -165,7 +166,7 @@ def test_trial_plan_matches_kernelbench_seeds():
 
 
 def test_batch_size_fills_a_few_milliseconds_within_memory():
-    assert timing.batch_size(0.1, 1 << 20, 1 << 20, 1 << 30) == 20
+    assert timing.batch_size(0.1, 1 << 20, 1 << 20, 1 << 30) == round(timing.TARGET_BATCH_MS / 0.1)
     assert timing.batch_size(5.0, 1 << 20, 1 << 20, 1 << 30) == 1
     assert timing.batch_size(0.001, 1 << 20, 1 << 20, 1 << 30) == timing.MAX_BATCH
     assert timing.batch_size(0.1, 1 << 29, 1 << 29, 1 << 30) == 1  # memory first
@@ -187,6 +188,10 @@ def test_stopping_rules():
     assert timing.reference_done([10.0] * timing.MIN_BATCHES, 1, 0.1)
     slow = [100.0] * timing.SLOWER_MIN_BATCHES  # 100x slower than eager: known well enough
     assert timing.candidate_done(slow, 1, 10.0, reference_median_ms=1.0)
+    assert not timing.candidate_done([2.0] * 3, 1, 10.0, reference_median_ms=1.0)  # honest, 2x slower: timed on
+    # one batch of 500 ms, 5x slower than eager, has run the whole budget: no second and third batch of it
+    assert timing.candidate_done([500.0], 1, 0.1, reference_median_ms=100.0)
+    assert not timing.candidate_done([5.0], 1, 0.1, reference_median_ms=1.0)  # one short batch is noise
     assert timing.speedup({"median_ms": 2.0}, {"median_ms": 1.0}) == 2.0
 
 
@@ -308,6 +313,34 @@ def test_a_closed_zygote_exits_on_its_own():
     zygote = procs.Zygote()
     zygote.close()
     assert zygote.proc.returncode == 0
+
+
+def test_no_warm_up_after_long_correctness_calls():
+    """Calls that each kept the device busy for the timing budget have warmed it; short ones have not."""
+    assert timing.warm_already([0.5, 0.3, 0.2], 0.1)
+    assert not timing.warm_already([0.5, 0.01], 0.1)
+    assert not timing.warm_already([], 0.1)
+    assert not timing.warm_already([0.03], 0.0)  # the device still needs WARMUP_MIN_S
+
+
+def test_arena_budget_grows_with_the_gpu():
+    assert exchange.arena_budget(None) == exchange.ARENA_BUDGET
+    assert exchange.arena_budget(16 << 30) == exchange.ARENA_BUDGET
+    assert exchange.arena_budget(80 << 30) == exchange.ARENA_BUDGET_MAX
+
+
+def test_a_spinning_receive_still_keeps_its_deadline():
+    """A spinning wait returns the message as a blocking one does, and never waits past its timeout."""
+    left, right = socket.socketpair()
+    sender, receiver = procs.Channel(left), procs.Channel(right)
+    begin = time.perf_counter()
+    with pytest.raises(TimeoutError):
+        receiver.recv(timeout=0.05, spin_s=5.0)
+    assert time.perf_counter() - begin < 1.0
+    sender.send({"op": "go"})
+    assert receiver.recv(timeout=1.0, spin_s=0.5)[0] == {"op": "go"}
+    sender.close()
+    receiver.close()
 
 
 def test_warm_up_ends_after_one_slow_batch(monkeypatch):

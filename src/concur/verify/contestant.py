@@ -313,9 +313,10 @@ def serve(channel, spec: dict, sandbox: str) -> int:
     except BaseException as err:
         channel.send({"ok": False, "error": describe(err)})
         os._exit(1)
+    spin_s, op = float(spec.get("spin_s") or 0.0), None
     while True:
-        try:
-            msg, fds = channel.recv()
+        try:  # `go` follows `prepare` at once and starts the referee's clock: wait for it without sleeping
+            msg, fds = channel.recv(spin_s=spin_s if op == "prepare" else 0.0)
         except procs.ChannelClosed:
             break
         op = msg.get("op")

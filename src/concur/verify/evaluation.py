@@ -142,11 +142,13 @@ def run_trials(referee, task, candidate, settings, facts, deadline) -> bool:
             trial["skipped"] = "reference output not finite on these inputs"
             continue
         specs = referee.stage(candidate, [values], "correctness")[0]
+        begin = time.perf_counter()
         reply = candidate.ask(
             {"op": "call", "calls": [{"args": specs, "seed": seed}]},
             "correctness",
             limit(deadline, call_timeout(task, 1, first=number == 1)),
         )
+        facts.setdefault("call_s", []).append(time.perf_counter() - begin)
         if not reply.get("ok"):
             trial["error"] = reply.get("error")
             passed = False

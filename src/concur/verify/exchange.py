@@ -16,7 +16,16 @@ import os
 
 ALIGN = 256
 OUT_SLACK = 64 << 10  # a hand-off lands at a random offset in this much room: it cannot be written in advance
-ARENA_BUDGET = 1 << 30  # inputs and outputs of one timed batch, at most
+ARENA_BUDGET = 1 << 30  # inputs and outputs of one timed batch, at most (a GPU's: see arena_budget)
+ARENA_BUDGET_MAX = 4 << 30
+
+
+def arena_budget(device_bytes: int | None) -> int:
+    """Bytes of one timed batch's inputs and outputs: a sixteenth of the GPU, within 1-4 GiB. Longer batches of a
+    fast kernel let the referee's clock read it more precisely (the round trip is a smaller share of it)."""
+    if not device_bytes:
+        return ARENA_BUDGET
+    return max(ARENA_BUDGET, min(ARENA_BUDGET_MAX, device_bytes // 16))
 
 
 # ---------------------------------------------------------------- the CUDA driver, through ctypes

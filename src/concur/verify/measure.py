@@ -7,7 +7,7 @@ from __future__ import annotations
 import secrets
 import time
 
-from concur.verify import checks, exchange, procs, timing
+from concur.verify import checks, procs, timing
 from concur.verify.reference import SEED, CallFailed, call_timeout, limit, mutated, ref_ask, ref_handoff, reference_side
 
 SAMPLES = 1024  # output elements checked per checked timed call
@@ -25,9 +25,9 @@ EXPECTED_BACKEND = {
 def time_reference(referee, task, settings) -> dict:
     """Warm up, then timed batches of fresh secret inputs until the reference has run `timing_min_s`; keeps each
     batch's seeds, forward and hand-off times and a secret sample of checked outputs."""
-    calls = timing.batch_size(task.call_ms, task.input_bytes, task.output_bytes, exchange.ARENA_BUDGET)
+    calls = timing.batch_size(task.call_ms, task.input_bytes, task.output_bytes, referee.arena_budget)
     plan = {"calls": calls, "batches": [], "forward": [], "handoff": [], "samples": []}
-    ask = lambda m, s, t=600.0: ref_ask(task, m, s, t)  # noqa: E731
+    ask = lambda m, s, t=600.0, spin=False: ref_ask(task, m, s, t, spin)  # noqa: E731
     with reference_side():
         warm_up(referee, task, task.runner, calls, settings, ask)
         while not timing.reference_done(
@@ -69,7 +69,7 @@ def timed_batch(referee, task, runner, seeds, ask) -> dict:
     answered(ask({"op": "prepare", "calls": calls}, "timing", 60.0))
     cpu = procs.cpu_seconds(runner.pid)
     begin = time.perf_counter()
-    reply = answered(ask({"op": "go"}, "timing", call_timeout(task, len(seeds))))
+    reply = answered(ask({"op": "go"}, "timing", call_timeout(task, len(seeds)), spin=True))
     forward_s = time.perf_counter() - begin
     cpu_s = procs.cpu_seconds(runner.pid) - cpu
     metas = answered(ask({"op": "outs"}, "timing", 60.0))["outs"]
@@ -112,8 +112,9 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
         return time_kernelbench(referee, task, candidate, settings, facts, deadline)
     torch = referee.torch
     calls = plan["calls"]
-    ask = lambda m, s, t=600.0: candidate.ask(m, s, limit(deadline, t))  # noqa: E731
-    warm_up(referee, task, candidate, calls, settings, ask)
+    ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, limit(deadline, t), spin=spin)  # noqa: E731
+    if not timing.warm_already(facts.get("call_s", []), float(settings["timing_min_s"])):
+        warm_up(referee, task, candidate, calls, settings, ask)
     forward, handoffs, cpu_s = [], [], []
     timed = {"calls": 0, "mismatch": None, "mutated": []}
     reference = timing.summary(plan["per_call"])

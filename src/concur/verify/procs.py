@@ -50,9 +50,15 @@ class Channel:
             else:
                 self.sock.sendall(head + body)
 
-    def recv(self, timeout: float | None = None) -> tuple[dict, list[int]]:
-        """The next message and the descriptors sent with it. Raises TimeoutError, or ChannelClosed at EOF."""
+    def recv(self, timeout: float | None = None, spin_s: float = 0.0) -> tuple[dict, list[int]]:
+        """The next message and the descriptors sent with it. Raises TimeoutError, or ChannelClosed at EOF.
+
+        `spin_s`: poll without sleeping for up to this long first. A process woken from a blocking wait starts tens
+        of microseconds late, by an amount that varies with its core's idle state: on a timed window of a
+        millisecond that alone moves a speedup by several percent."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if spin_s > 0:
+            self._spin(min(spin_s, timeout) if timeout is not None else spin_s)
         head, fds = self._read(HEADER.size, deadline, with_fds=True)
         (size,) = HEADER.unpack(head)
         if size > MAX_MESSAGE:
@@ -62,6 +68,11 @@ class Channel:
         if not isinstance(message, dict):
             raise ValueError("message is not an object")
         return message, fds
+
+    def _spin(self, seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while not select.select([self.sock], [], [], 0)[0] and time.perf_counter() < end:
+            pass
 
     def _read(self, size: int, deadline: float | None, with_fds: bool) -> tuple[bytes, list[int]]:
         data, fds = b"", []
@@ -226,19 +237,28 @@ class Stopped(Exception):
 
 
 def await_reply(
-    channel: Channel, zygote: Zygote, pid: int, timeout: float, memory_kb: int, max_processes: int, poll_s: float = 0.2
+    channel: Channel,
+    zygote: Zygote,
+    pid: int,
+    timeout: float,
+    memory_kb: int,
+    max_processes: int,
+    poll_s: float = 0.2,
+    spin_s: float = 0.0,
 ) -> dict:
     """The child's next message, within `timeout` and its limits (memory and processes of its session, read from
-    /proc every `poll_s`); over a limit the child is killed. Raises Stopped."""
+    /proc every `poll_s`); over a limit the child is killed. `spin_s`: see Channel.recv. Raises Stopped."""
     start = time.monotonic()
     while True:
         try:
-            reply, extra = channel.recv(timeout=min(poll_s, max(0.0, start + timeout - time.monotonic())))
+            reply, extra = channel.recv(
+                timeout=min(poll_s, max(0.0, start + timeout - time.monotonic())), spin_s=spin_s
+            )
             for fd in extra:
                 os.close(fd)
             return reply
         except TimeoutError:
-            pass
+            spin_s = 0.0  # only the first wait spins: a long call gains nothing from it
         except (ChannelClosed, ConnectionResetError, OSError):
             raise Stopped("crash", describe_exit(zygote.wait(pid, 5.0)) + " before replying") from None
         if time.monotonic() - start >= timeout:

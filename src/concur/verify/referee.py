@@ -26,6 +26,8 @@ from concur.verify.build import describe
 from concur.verify.reference import CallFailed
 from concur.verify.runner import Runner
 
+SPIN_S = 0.2  # timed replies are awaited without sleeping, on cores of the referee's own (procs.Channel.recv)
+
 
 def split_cores(cpus: list[int] | None, threads: int) -> tuple[list[int], list[int]]:
     """(active, spare): the cores for this referee and the contestant it times, and the cores on which the next
@@ -57,9 +59,11 @@ class Referee:
         torch.set_num_threads(self.threads)
         self.label = "cpu"
         self.flush_buffer = None
+        self.arena_budget = exchange.arena_budget(None)
         if self.device == "cuda":
             torch.cuda.init()
             props = torch.cuda.get_device_properties(0)
+            self.arena_budget = exchange.arena_budget(props.total_memory)
             self.label = f"cuda:{props.name}"
             self.flush_buffer = torch.empty(
                 2 * (getattr(props, "L2_cache_size", 0) or 64 << 20), dtype=torch.uint8, device="cuda"
@@ -87,6 +91,7 @@ class Referee:
             memory_mb,
             max_processes,
             self.profiler,
+            SPIN_S if self.active else 0.0,
         )
 
     def refill(self, memory_mb: int = 16384, max_processes: int = 64) -> None:

@@ -103,9 +103,9 @@ def reference_side():
         raise ReferenceFailed(str(err)) from None
 
 
-def ref_ask(task, message: dict, stage: str, timeout: float = 600.0) -> dict:
+def ref_ask(task, message: dict, stage: str, timeout: float = 600.0, spin: bool = False) -> dict:
     with reference_side():
-        reply = task.runner.ask(message, stage, timeout)
+        reply = task.runner.ask(message, stage, timeout, spin=spin)
     if not reply.get("ok"):
         raise ReferenceFailed(reply.get("error", f"{stage} failed"))
     return reply
@@ -137,7 +137,7 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
     for _ in range(3):
         ref_ask(task, {"op": "prepare", "calls": [{"args": specs[0], "seed": None}]}, "reference")
         begin = time.perf_counter()
-        ref_ask(task, {"op": "go"}, "reference")
+        ref_ask(task, {"op": "go"}, "reference", spin=True)
         samples.append(time.perf_counter() - begin)
         ref_ask(task, {"op": "drop"}, "reference")
     task.stochastic = stochastic(referee, task, specs[0])
@@ -200,7 +200,7 @@ def overhead_ms(task) -> float:
     for _ in range(11):
         ref_ask(task, {"op": "prepare", "calls": []}, "reference")
         begin = time.perf_counter()
-        ref_ask(task, {"op": "go"}, "reference")
+        ref_ask(task, {"op": "go"}, "reference", spin=True)
         times.append(1000.0 * (time.perf_counter() - begin))
     return sorted(times)[len(times) // 2]
 

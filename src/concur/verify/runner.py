@@ -68,8 +68,10 @@ class Runner:
         memory_mb: int,
         max_processes: int,
         profiler: bool = False,
+        spin_s: float = 0.0,
     ):
         self.zygote, self.folder, self.device = zygote, folder, device
+        self.spin_s = spin_s
         (folder / "tmp").mkdir(parents=True, exist_ok=True)
         self.memory_kb, self.max_processes = memory_mb * 1024, max_processes
         spec = {
@@ -80,6 +82,7 @@ class Runner:
             "device": device,
             "threads": threads,
             "profiler": profiler,
+            "spin_s": spin_s,
             "sandbox": None
             if hidden is None
             else {"write": [str(folder)], "read": readable, "hidden": hidden, "devices": device == "cuda"},
@@ -96,8 +99,11 @@ class Runner:
             self.sandbox = reply["sandbox"]
             self.startup_s = float(reply.get("startup_s") or 0.0)
 
-    def ask(self, message: dict, stage: str, timeout: float, fds: list[int] = (), send: bool = True) -> dict:
-        """Send a command, wait for the reply under a deadline; kill the process over a limit."""
+    def ask(
+        self, message: dict, stage: str, timeout: float, fds: list[int] = (), send: bool = True, spin: bool = False
+    ) -> dict:
+        """Send a command, wait for the reply under a deadline; kill the process over a limit. `spin`: a timed
+        command, whose reply is awaited without sleeping (procs.Channel.recv)."""
         nonce = secrets.token_hex(8)
         try:
             if send:
@@ -105,7 +111,15 @@ class Runner:
         except (BrokenPipeError, ConnectionResetError):
             raise RunnerFailed("crash", stage, procs.describe_exit(self.zygote.wait(self.pid, 5.0))) from None
         try:
-            reply = procs.await_reply(self.channel, self.zygote, self.pid, timeout, self.memory_kb, self.max_processes)
+            reply = procs.await_reply(
+                self.channel,
+                self.zygote,
+                self.pid,
+                timeout,
+                self.memory_kb,
+                self.max_processes,
+                spin_s=self.spin_s if spin else 0.0,
+            )
         except procs.Stopped as err:
             raise RunnerFailed(err.kind, stage, err.detail, timeout if err.kind == "timeout" else 0.0) from None
         if send and reply.get("nonce") != nonce:  # a reply written before the command was read: forged

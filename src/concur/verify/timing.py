@@ -18,7 +18,7 @@ import statistics
 MIN_BATCHES = 10
 MAX_BATCHES = 2000
 MAX_BATCH = 64
-TARGET_BATCH_MS = 2.0
+TARGET_BATCH_MS = 5.0
 WARMUP_MIN_S = 0.05  # warm-up at least this long on the GPU, so its clocks have settled
 SLOWER_STOP = 3.0  # the candidate stops once its median per-call time exceeds this many times the reference's
 SLOWER_MIN_BATCHES = 3
@@ -53,10 +53,17 @@ def reference_done(per_call: list[float], calls: int, budget_s: float) -> bool:
 
 
 def candidate_done(per_call: list[float], calls: int, budget_s: float, reference_median_ms: float) -> bool:
-    """The candidate's speedup is known well enough: its own time budget is spent, or it is clearly slower."""
-    if len(per_call) >= SLOWER_MIN_BATCHES and statistics.median(per_call) > SLOWER_STOP * reference_median_ms:
+    """The candidate's speedup is known well enough: its own time budget is spent, or it is clearly slower (over
+    SLOWER_MIN_BATCHES batches, or over `budget_s` of batches: one batch of a kernel that takes seconds)."""
+    settled = len(per_call) >= SLOWER_MIN_BATCHES or sum(per_call) * calls >= 1000.0 * budget_s
+    if settled and statistics.median(per_call) > SLOWER_STOP * reference_median_ms:
         return True
     return reference_done(per_call, calls, budget_s)
+
+
+def warm_already(call_s: list[float], budget_s: float) -> bool:
+    """Untimed calls that each kept the device busy this long (correctness trials) leave nothing to warm up."""
+    return bool(call_s) and min(call_s) >= max(WARMUP_MIN_S, budget_s)
 
 
 def summary(per_call: list[float]) -> dict:
