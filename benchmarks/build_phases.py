@@ -52,6 +52,17 @@ def cpu_run(command: str, cwd: Path) -> tuple[float, int]:
     return usage.ru_utime + usage.ru_stime, os.waitstatus_to_exitcode(status)
 
 
+def sass(command: str, cwd: Path) -> str | None:
+    """The device code of the object a compile command wrote (cuobjdump -sass), without lines naming files."""
+    found = re.search(r"-o\s+(\S+)", command)
+    if not found or not shutil.which("cuobjdump"):
+        return None
+    proc = subprocess.run(["cuobjdump", "-sass", found.group(1)], cwd=cwd, capture_output=True, text=True)
+    return "\n".join(
+        ln for ln in proc.stdout.splitlines() if "." not in ln.split(":")[0] and "fatbin" not in ln.lower()
+    )
+
+
 def nvcc_phases(path: Path) -> dict[str, float]:
     """Seconds per phase from nvcc's --time CSV (one row per tool run; columns name the phase and its time)."""
     phases: dict[str, float] = {}
@@ -84,8 +95,10 @@ def measure(folder: Path, light: bool) -> dict:
                     source = next(work.glob("*.cu"))
                     text = source.read_text()
                     if INCLUDE.search(text):
+                        full = sass(command, work)
                         source.write_text(INCLUDE.sub("#include <torch/types.h>", text))
                         row["cu_light_cpu_s"], row["cu_light_rc"] = cpu_run(command, work)
+                        row["sass_equal"] = full is not None and full == sass(command, work)
     return row
 
 
@@ -111,7 +124,8 @@ def main() -> None:
     table += [(f"  nvcc: {p}", [r["cu_phases_s"].get(p, 0.0) for r in ok]) for p in phase_names]
     light = [r["cu_light_cpu_s"] for r in ok if r.get("cu_light_rc") == 0]
     if light:
-        table.append((f".cu with torch/types.h ({len(light)} compiled)", light))
+        same = sum(bool(r.get("sass_equal")) for r in ok if r.get("cu_light_rc") == 0)
+        table.append((f".cu with torch/types.h ({len(light)} compiled, {same} same SASS)", light))
     for name, values in table:
         if values:
             print(f"{name:<48}{statistics.median(values):>10.1f}")

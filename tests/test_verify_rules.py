@@ -352,3 +352,54 @@ def test_warm_up_ends_after_one_slow_batch(monkeypatch):
         monkeypatch.setattr(measure, "timed_batch", lambda *a, s=batch_s, b=batches: b.append(time.sleep(s)))
         measure.warm_up(None, None, None, 1, {"warmup": 3, "timing_min_s": 0.1}, lambda *a: {"ok": True})
         assert len(batches) == expected
+
+
+# ---------------------------------------------------------------- light CUDA headers
+
+
+def test_light_headers_change_only_the_extension_include():
+    from concur.verify.build import lighter
+
+    source = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n__global__ void k() {}\n"
+    light = lighter(source)
+    assert light.splitlines()[0] == "#include <torch/types.h>"
+    assert light.splitlines()[1:] == source.splitlines()[1:]  # same lines: errors keep their line numbers
+    assert lighter(["  # include <torch/extension.h>", "int x;"]) == ["  # include <torch/types.h>", "int x;"]
+    assert lighter("#include <torch/types.h>\n") is None  # nothing to lighten: built once, as written
+    assert lighter('// see "#include <torch/extension.h>"\n') is None
+    assert lighter(None) is None
+
+
+def test_a_light_build_that_fails_is_built_as_written(monkeypatch):
+    """Honest code that needs the full header (pybind11 in its .cu) still builds; the fallback starts from a clean
+    versioner, so the module keeps its name."""
+    from torch.utils import cpp_extension
+
+    from concur.verify.build import LIGHT_ENV, ExtensionLoader
+
+    built, known = [], []
+
+    def load_inline(name, cpp_sources, cuda_sources=None, functions=None, build_directory=None):
+        built.append(cuda_sources)
+        known.append(name in cpp_extension.JIT_EXTENSION_VERSIONER.entries)
+        cpp_extension.JIT_EXTENSION_VERSIONER.entries[name] = "seen"
+        if "torch/types.h" in cuda_sources and "py::" in cuda_sources:
+            raise RuntimeError("Error building extension: cuda.cu(4): error: name followed by '::' must be a class")
+        return name
+
+    monkeypatch.setenv(LIGHT_ENV, "1")
+    needs_pybind = "#include <torch/extension.h>\npy::object f();\n"
+    call = {"name": "ext", "cpp_sources": "", "cuda_sources": needs_pybind}
+    assert ExtensionLoader._build(load_inline, call, "ext", True) == "ext"
+    assert built == [needs_pybind.replace("extension.h", "types.h"), needs_pybind]
+    assert known == [False, False]  # the retry is a first build to torch too
+    built.clear()
+    kernel = "#include <torch/extension.h>\n__global__ void k() {}\n"
+    ExtensionLoader._build(load_inline, {**call, "name": "k", "cuda_sources": kernel}, "k", True)
+    assert built == [kernel.replace("extension.h", "types.h")]  # one build
+    monkeypatch.delenv(LIGHT_ENV)
+    built.clear()
+    ExtensionLoader._build(load_inline, {**call, "name": "k2", "cuda_sources": kernel}, "k2", True)
+    assert built == [kernel]  # setting off: as written
+    for name in ("ext", "k", "k2"):
+        cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(name, None)

@@ -10,6 +10,7 @@ what the build did. Facts from here are the candidate's own process speaking: th
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
@@ -20,6 +21,19 @@ from pathlib import Path
 
 BUILT_MARKER = ".concur-built"
 PCH_DIR_ENV = "CONCUR_PCH_DIR"  # set when builds go through concur.verify.pch_cxx (clang and its shared PCH)
+LIGHT_ENV = "CONCUR_LIGHT_CUDA_HEADERS"  # verify.light_cuda_headers, for the builder child
+FULL_HEADER = re.compile(r"^([ \t]*#[ \t]*include[ \t]*)<torch/extension\.h>", re.MULTILINE)
+
+
+def lighter(sources):
+    """CUDA sources with `#include <torch/extension.h>` read as `<torch/types.h>`, line for line; None when they
+    do not include it. Kernels and their launchers need ATen, not the C++ frontend and pybind11 that extension.h
+    adds: those headers are half of nvcc's work (cicc, cudafe++ and the host compiler each parse them)."""
+    items = [sources] if isinstance(sources, str) else list(sources or [])
+    light = [FULL_HEADER.sub(r"\1<torch/types.h>", s) if isinstance(s, str) else s for s in items]
+    if light == items:
+        return None
+    return light[0] if isinstance(sources, str) else light
 
 
 def one_line(text: str, limit: int = 300) -> str:
@@ -88,10 +102,11 @@ class ExtensionLoader:
                     if not self.allow_build:
                         raise RuntimeError(f"extension {name} was not built in the compile step")
                     folder.mkdir(parents=True, exist_ok=True)
-                    cpu_only = not kwargs.get("cuda_sources") and not kwargs.get("with_cuda")
+                    call = inspect.signature(original).bind(*args, **kwargs).arguments
+                    cpu_only = not call.get("cuda_sources") and not call.get("with_cuda")
                     if inline and cpu_only and pch_ready and not os.environ.get(PCH_DIR_ENV):
-                        kwargs.setdefault("use_pch", True)
-                    module = original(*args, **kwargs)
+                        call.setdefault("use_pch", True)
+                    module = self._build(original, dict(call), name, inline)
                     self.built += 1
                     (folder / BUILT_MARKER).write_text("ok\n")
                 self.loaded[name] = module = self._counting(module)
@@ -102,6 +117,22 @@ class ExtensionLoader:
                 raise
 
         return loader
+
+    @staticmethod
+    def _build(original, call: dict, name: str, inline: bool):
+        """Build with light CUDA headers first (verify.light_cuda_headers); what does not build or load that way
+        is built again exactly as written, so the fallback only costs time and the source's own errors are what
+        a failed build reports."""
+        light = lighter(call.get("cuda_sources")) if inline and os.environ.get(LIGHT_ENV) else None
+        if light is not None:
+            try:
+                return original(**{**call, "cuda_sources": light})
+            except Exception as err:
+                from torch.utils import cpp_extension
+
+                print(f"concur: light-header build failed, building as written: {first_error_line(str(err))}")
+                cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(name, None)  # else torch renames it name_v1
+        return original(**call)
 
     def _counting(self, module):
         """The module with each exported function counting its calls (ops registered with torch are left alone)."""

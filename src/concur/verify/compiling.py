@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 from concur.verify import procs
+from concur.verify.build import LIGHT_ENV
 
 BUILD_ENV_KEYS = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME")
 PCH_TIMEOUT_S = 900.0
@@ -34,6 +35,7 @@ def build_env(settings: dict) -> dict[str, str]:
         env["CXX"] = f"concur.pch_cxx:{shutil.which('clang++')}"  # the key names the front and the compiler
     if settings["device"] == "cuda":
         env["TORCH_CUDA_ARCH_LIST"] = str(settings["cuda_arch"])
+        env[LIGHT_ENV] = "1" if settings.get("light_cuda_headers") else ""
     return env
 
 
