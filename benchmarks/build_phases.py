@@ -58,9 +58,8 @@ def sass(command: str, cwd: Path) -> str | None:
     if not found or not shutil.which("cuobjdump"):
         return None
     proc = subprocess.run(["cuobjdump", "-sass", found.group(1)], cwd=cwd, capture_output=True, text=True)
-    return "\n".join(
-        ln for ln in proc.stdout.splitlines() if "." not in ln.split(":")[0] and "fatbin" not in ln.lower()
-    )
+    name = Path(found.group(1)).name
+    return "\n".join(ln for ln in proc.stdout.splitlines() if name not in ln and "identifier" not in ln)
 
 
 def nvcc_phases(path: Path) -> dict[str, float]:
