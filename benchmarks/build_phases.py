@@ -3,9 +3,9 @@
 For each extension in the cache (a folder with torch's build.ninja), the binding unit (main.cpp, the host
 compiler) and the .cu file (nvcc, with `--time` for its phases: host and device preprocessing, cudafe++, cicc,
 ptxas, fatbinary, the host compiler on cudafe's output) are compiled again in a scratch copy, `--jobs` at a time;
-CPU seconds come from each process tree's rusage. `--variant light-header` also compiles each .cu with
-`#include <torch/extension.h>` replaced by `<torch/types.h>`, to show what the C++ frontend and pybind11 headers
-cost (a measurement only: the verifier builds candidates' sources as written).
+CPU seconds come from each process tree's rusage. `--variant light-header` also compiles each .cu with the other
+torch header (`<torch/types.h>` for `<torch/extension.h>`, or back, for a cache of light builds: see
+verify.light_cuda_headers) and compares the two objects' device code (cuobjdump -sass).
 
     python benchmarks/build_phases.py results/bench/kb_side/ours-work/cache --jobs 8
 """
@@ -52,6 +52,16 @@ def cpu_run(command: str, cwd: Path) -> tuple[float, int]:
     return usage.ru_utime + usage.ru_stime, os.waitstatus_to_exitcode(status)
 
 
+def swapped(text: str) -> str | None:
+    """The .cu with the other header: extension.h read as types.h, or (a build cache of light builds) the
+    candidate's types.h include after torch's own first line read as extension.h again."""
+    if INCLUDE.search(text):
+        return INCLUDE.sub("#include <torch/types.h>", text)
+    head, _, rest = text.partition("\n")
+    restored = re.sub(r"#\s*include\s*<torch/types\.h>", "#include <torch/extension.h>", rest)
+    return None if restored == rest else head + "\n" + restored
+
+
 def sass(command: str, cwd: Path) -> str | None:
     """The device code of the object a compile command wrote (cuobjdump -sass), without lines naming files."""
     found = re.search(r"-o\s+(\S+)", command)
@@ -92,12 +102,13 @@ def measure(folder: Path, light: bool) -> dict:
                 row["cu_time_csv"] = (work / "phases.csv").read_text()[:4000] if (work / "phases.csv").exists() else ""
                 if light:
                     source = next(work.glob("*.cu"))
-                    text = source.read_text()
-                    if INCLUDE.search(text):
-                        full = sass(command, work)
-                        source.write_text(INCLUDE.sub("#include <torch/types.h>", text))
-                        row["cu_light_cpu_s"], row["cu_light_rc"] = cpu_run(command, work)
-                        row["sass_equal"] = full is not None and full == sass(command, work)
+                    other = swapped(source.read_text())
+                    if other is not None:
+                        first = sass(command, work)
+                        source.write_text(other)
+                        row["cu_other_cpu_s"], row["cu_other_rc"] = cpu_run(command, work)
+                        row["sass_equal"] = first is not None and first == sass(command, work)
+                        row["cache_light"] = not INCLUDE.search(other)
     return row
 
 
@@ -121,10 +132,13 @@ def main() -> None:
     table = [("binding unit (main.cpp)", [r["main_cpu_s"] for r in ok]), (".cu via nvcc", [r["cu_cpu_s"] for r in ok])]
     phase_names = sorted({p for r in ok for p in r.get("cu_phases_s", {})})
     table += [(f"  nvcc: {p}", [r["cu_phases_s"].get(p, 0.0) for r in ok]) for p in phase_names]
-    light = [r["cu_light_cpu_s"] for r in ok if r.get("cu_light_rc") == 0]
-    if light:
-        same = sum(bool(r.get("sass_equal")) for r in ok if r.get("cu_light_rc") == 0)
-        table.append((f".cu with torch/types.h ({len(light)} compiled, {same} same SASS)", light))
+    other = [r for r in ok if r.get("cu_other_rc") == 0]
+    if other:
+        same = sum(bool(r.get("sass_equal")) for r in other)
+        label = "extension.h" if other[0]["cache_light"] else "types.h"
+        table.append(
+            (f".cu with torch/{label} ({len(other)} compiled, {same} same SASS)", [r["cu_other_cpu_s"] for r in other])
+        )
     for name, values in table:
         if values:
             print(f"{name:<48}{statistics.median(values):>10.1f}")

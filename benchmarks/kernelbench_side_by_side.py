@@ -68,7 +68,7 @@ def busy_cpu_s() -> float:
 
 def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
     """Build every candidate once (shared by both modes), then verify all of them in each mode."""
-    from concur.verify import compile_frame, verify_frame
+    from concur.verify import api, compile_frame, verify_frame
 
     candidates, tasks = frames(cands)
     work = args.out / "ours-work"
@@ -88,12 +88,16 @@ def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
     print(f"[ours] build steps, median seconds: {summary['build_steps_s']}", flush=True)
     with open(args.out / "ours.jsonl", "w") as out:
         for mode in MODES:
+            stages: dict[str, dict] = {}  # where each candidate's GPU time went
+            api.FACTS_SINK = lambda cid, facts, into=stages: into.__setitem__(cid, facts.get("stage_s"))
             t0 = time.perf_counter()
             verdicts = verify_frame(candidates, tasks, {**settings, "mode": mode}, work / mode, False, builds=builds)
             summary[f"{mode}_wall_s"] = time.perf_counter() - t0
+            api.FACTS_SINK = None
             for v in verdicts.to_dict("records"):
                 keep = ("candidate_id", "task_id", "status", "reason", "speedup", "eval_s", "flags")
-                out.write(json.dumps({"mode": mode, **{k: v[k] for k in keep}}, default=float) + "\n")
+                row = {"mode": mode, **{k: v[k] for k in keep}, "stage_s": stages.get(v["candidate_id"])}
+                out.write(json.dumps(row, default=float) + "\n")
             print(f"[ours] {mode}: {len(verdicts)} candidates in {summary[f'{mode}_wall_s']:.0f} s", flush=True)
     (args.out / "ours.json").write_text(json.dumps(summary, indent=1))
 
