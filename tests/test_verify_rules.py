@@ -192,6 +192,9 @@ def test_stopping_rules():
     # one batch of 500 ms, 5x slower than eager, has run the whole budget: no second and third batch of it
     assert timing.candidate_done([500.0], 1, 0.1, reference_median_ms=100.0)
     assert not timing.candidate_done([5.0], 1, 0.1, reference_median_ms=1.0)  # one short batch is noise
+    # a reference of 400 ms a call: 3 batches (1.2 s) say as much as ten batches of the budget, not ten of 400 ms
+    assert timing.reference_done([400.0] * 3, 1, 0.1)
+    assert not timing.reference_done([40.0] * 3, 1, 0.1)
     assert timing.speedup({"median_ms": 2.0}, {"median_ms": 1.0}) == 2.0
 
 
@@ -403,3 +406,12 @@ def test_a_light_build_that_fails_is_built_as_written(monkeypatch):
     assert built == [kernel]  # setting off: as written
     for name in ("ext", "k", "k2"):
         cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(name, None)
+
+
+def test_build_errors_name_the_file_not_the_machine():
+    from concur.verify.build import first_error_line
+
+    nvcc = '/root/out/cache/7a49dd/conv/cuda.cu(11): error: expected a ";"\n1 error detected'
+    assert first_error_line(nvcc) == 'cuda.cu(11): error: expected a ";"'
+    gcc = "/tmp/x/ext/main.cpp:4:1: error: 'foo' does not name a type"
+    assert first_error_line(gcc) == "main.cpp:4:1: error: 'foo' does not name a type"

@@ -52,7 +52,7 @@ def first_error_line(message: str) -> str:
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     for line in lines:
         if "error:" in line:
-            return one_line(re.sub(r"^\S*/(?=[^/\s]+:\d+)", "", line))
+            return one_line(re.sub(r"^\S*/(?=[^/\s]+(:\d+|\(\d+\)))", "", line))  # gcc file:line, nvcc file(line)
     return one_line(lines[0]) if lines else "build failed"
 
 

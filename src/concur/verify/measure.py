@@ -153,6 +153,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             "ref": reference,
             "new": timing.summary(per_call),
             "calls_per_batch": calls,
+            "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # of every batch: for benchmarks
             "deferred": timing.deferred(handoffs, plan["handoff"], forward),
             # over all batches together: CPU time is counted in clock ticks, too coarse for one short batch
             "cores": sum(cpu_s) / (sum(forward) / 1000.0),

@@ -47,9 +47,12 @@ def per_call_times(
 
 
 def reference_done(per_call: list[float], calls: int, budget_s: float) -> bool:
-    """The reference has been timed long enough: MIN_BATCHES batches and `budget_s` of forward time."""
-    spent_ms = sum(per_call) * calls
-    return len(per_call) >= MAX_BATCHES or (len(per_call) >= MIN_BATCHES and spent_ms >= 1000.0 * budget_s)
+    """Timed long enough: MIN_BATCHES batches and `budget_s` of forward time, or, for batches that each take a
+    good share of the budget, SLOWER_MIN_BATCHES of them and as long as MIN_BATCHES batches of the budget."""
+    spent_ms, n = sum(per_call) * calls, len(per_call)
+    if n >= MAX_BATCHES or (n >= MIN_BATCHES and spent_ms >= 1000.0 * budget_s):
+        return True
+    return n >= SLOWER_MIN_BATCHES and spent_ms >= 1000.0 * budget_s * MIN_BATCHES
 
 
 def candidate_done(per_call: list[float], calls: int, budget_s: float, reference_median_ms: float) -> bool:
