@@ -20,7 +20,6 @@ import types
 from pathlib import Path
 
 BUILT_MARKER = ".concur-built"
-PCH_DIR_ENV = "CONCUR_PCH_DIR"  # set when builds go through concur.verify.pch_cxx (clang and its shared PCH)
 LIGHT_ENV = "CONCUR_LIGHT_CUDA_HEADERS"  # verify.light_cuda_headers, for the builder child
 FULL_HEADER = re.compile(r"^([ \t]*#[ \t]*include[ \t]*)<torch/extension\.h>", re.MULTILINE)
 
@@ -77,16 +76,14 @@ class ExtensionLoader:
     def install(self) -> None:
         from torch.utils import cpp_extension
 
-        pch_ready = _torch_pch().exists()
-        original_check = cpp_extension._check_and_build_extension_h_precompiler_headers
-        # torch's own (gcc) PCH is shared and built beforehand by a trusted process: never build or delete it here
+        # the shared PCHs are concur.verify.pch_cxx's, made beforehand by trusted builds: a candidate's `use_pch`
+        # must neither write torch's own beside torch's headers nor delete one found there
         cpp_extension._check_and_build_extension_h_precompiler_headers = lambda *a, **k: None
         cpp_extension.remove_extension_h_precompiler_headers = lambda: None
-        self._pch_check = original_check
-        cpp_extension.load_inline = self._wrap(cpp_extension.load_inline, inline=True, pch_ready=pch_ready)
-        cpp_extension.load = self._wrap(cpp_extension.load, inline=False, pch_ready=pch_ready)
+        cpp_extension.load_inline = self._wrap(cpp_extension.load_inline, inline=True)
+        cpp_extension.load = self._wrap(cpp_extension.load, inline=False)
 
-    def _wrap(self, original, inline: bool, pch_ready: bool):
+    def _wrap(self, original, inline: bool):
         def loader(*args, **kwargs):
             self.calls += 1
             name = kwargs.get("name", args[0] if args else None)
@@ -103,9 +100,6 @@ class ExtensionLoader:
                         raise RuntimeError(f"extension {name} was not built in the compile step")
                     folder.mkdir(parents=True, exist_ok=True)
                     call = inspect.signature(original).bind(*args, **kwargs).arguments
-                    cpu_only = not call.get("cuda_sources") and not call.get("with_cuda")
-                    if inline and cpu_only and pch_ready and not os.environ.get(PCH_DIR_ENV):
-                        call.setdefault("use_pch", True)
                     module = self._build(original, dict(call), name, inline)
                     self.built += 1
                     (folder / BUILT_MARKER).write_text("ok\n")
@@ -158,12 +152,6 @@ class ExtensionLoader:
         return call
 
 
-def _torch_pch() -> Path:
-    import torch
-
-    return Path(torch.__file__).resolve().parent / "include" / "torch" / "extension.h.gch"
-
-
 def _import_built(folder: Path, name: str, is_python_module: bool):
     """The module this cache entry already holds, imported without asking ninja (the entry's key covers the code
     and the build environment; ninja could still decide to rebuild when a shared PCH changed)."""
@@ -175,18 +163,11 @@ def _import_built(folder: Path, name: str, is_python_module: bool):
 
 
 def build_child(channel, spec: dict, sandbox: str) -> int:
-    """The compile step's child: build torch's shared PCH (a trusted job), or run the candidate's module once
-    (load_inline builds its extension into the cache entry) and report what happened."""
+    """The compile step's child: run the candidate's module once (load_inline builds its extension into the cache
+    entry) and report what happened."""
     import torch
 
     torch.set_num_threads(max(1, int(spec.get("threads", 1))))
-    if spec["role"] == "trusted" and not spec.get("program"):
-        from torch.utils import cpp_extension
-
-        start = time.perf_counter()
-        cpp_extension._check_and_build_extension_h_precompiler_headers(["-O3"], None)
-        channel.send({"ok": _torch_pch().exists(), "seconds": time.perf_counter() - start})
-        return 0
     loader = ExtensionLoader(os.environ["TORCH_EXTENSIONS_DIR"], allow_build=True)
     loader.install()
     source = Path(spec["program"]).read_text()

@@ -3,8 +3,8 @@ left behind (status, seconds, the names of the CUDA kernels it compiled).
 
 A builder runs the candidate's module (load_inline builds as it is called), so it is a sandboxed child of the
 builders' zygote: it may write only its own cache entry and scratch folder. Everything shared that builds read
-(torch's precompiled header for gcc, concur.verify.pch_cxx's headers for clang) is made beforehand by trusted
-children, never by a candidate's build.
+(concur.verify.pch_cxx's precompiled headers, for clang and gcc alike) is made beforehand by trusted children, never
+by a candidate's build.
 """
 
 from __future__ import annotations
@@ -31,12 +31,17 @@ REAL_CXX_ENV, PCH_DIR_ENV = "CONCUR_REAL_CXX", "CONCUR_PCH_DIR"
 def build_env(settings: dict) -> dict[str, str]:
     """The environment variables that change a build, as the builders will see them."""
     env = {k: os.environ.get(k, "") for k in BUILD_ENV_KEYS}
-    if settings.get("host_compiler") == "clang":
-        env["CXX"] = f"concur.pch_cxx:{shutil.which('clang++')}"  # the key names the front and the compiler
+    env["CXX"] = f"concur.pch_cxx:{real_compiler(settings)}"  # the key names the front and the compiler
     if settings["device"] == "cuda":
         env["TORCH_CUDA_ARCH_LIST"] = str(settings["cuda_arch"])
         env[LIGHT_ENV] = "1" if settings.get("light_cuda_headers") else ""
     return env
+
+
+def real_compiler(settings: dict) -> str:
+    """The C++ compiler behind concur.verify.pch_cxx: clang++, or for gcc the user's CXX, else c++."""
+    name = "clang++" if settings.get("host_compiler") == "clang" else os.environ.get("CXX") or "c++"
+    return shutil.which(name) or name
 
 
 def cache_key(solution: str, settings: dict) -> str:
@@ -68,13 +73,8 @@ def builder_env(settings: dict, entry: Path, scratch: Path, threads: int) -> dic
         PYTHONDONTWRITEBYTECODE="1",
         CUDA_VISIBLE_DEVICES="",
     )
-    if settings.get("host_compiler") == "clang":
-        pch_dir = entry.parent / "pch"
-        env.update(
-            CXX=str(pch_front(pch_dir)),
-            CONCUR_PCH_DIR=str(pch_dir),
-            CONCUR_REAL_CXX=shutil.which("clang++") or "clang++",
-        )
+    pch_dir = entry.parent / "pch"
+    env.update({"CXX": str(pch_front(pch_dir)), PCH_DIR_ENV: str(pch_dir), REAL_CXX_ENV: real_compiler(settings)})
     return env
 
 
@@ -231,19 +231,9 @@ def library_kernels(cache_root: Path) -> set[str]:
 # ---------------------------------------------------------------- shared precompiled headers (trusted)
 
 
-def torch_pch_missing(settings: dict) -> bool:
-    """torch's own (gcc) precompiled header serves CPU builds with gcc; clang builds use concur.pch_cxx's. CUDA
-    builds go without: on an H100 node gcc refused the header for their binding unit."""
-    import torch
-
-    if settings["device"] != "cpu" or settings.get("host_compiler", "gcc") != "gcc":
-        return False
-    return not (Path(torch.__file__).resolve().parent / "include" / "torch" / "extension.h.gch").exists()
-
-
 def flag_sets(solutions: list[str]) -> set[tuple[tuple[str, ...], bool]]:
     """(extra_cflags, with CUDA) of every load_inline call whose flags are literals, read without running code:
-    the flag sets for which a shared clang PCH is worth making beforehand."""
+    the flag sets for which a shared PCH is worth making beforehand."""
     found = set()
     for source in solutions:
         try:
@@ -268,9 +258,7 @@ load_inline(name={name!r}, cpp_sources="int concur_warm() {{ return 0; }}"{cuda}
 
 
 def warm_programs(solutions: list[str], settings: dict) -> list[str]:
-    """Tiny programs whose builds (by a trusted child) make the shared clang PCH of each literal flag set."""
-    if settings.get("host_compiler") != "clang":
-        return []
+    """Tiny programs whose builds (by a trusted child) make the shared PCH of each literal flag set."""
     programs = []
     for flags, cuda in sorted(flag_sets(solutions)):
         if cuda and settings["device"] != "cuda":

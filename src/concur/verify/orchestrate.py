@@ -122,11 +122,11 @@ def run_builds(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -
     workers = int(settings.get("compile_workers") or verify_settings.cores())
     threads = max(1, verify_settings.cores() // workers)
     shared = {**settings, "timeout_s": max(compiling.PCH_TIMEOUT_S, float(settings["timeout_s"]))}
-    if compiling.torch_pch_missing(settings):
-        compiling.build(zygote, "", shared, cache_root, scratch / "pch", threads=verify_settings.cores(), trusted=True)
-    for i, program in enumerate(compiling.warm_programs([j.solution for j in to_build], settings)):
-        compiling.build(zygote, program, shared, cache_root, scratch / f"warm-{i}", verify_settings.cores(), True)
+    warm = compiling.warm_programs([j.solution for j in to_build], settings)
     trusted = settings["sandbox"] == "off"
+
+    def warm_up(i: int) -> dict:  # a trusted build that leaves a flag set's shared PCH behind (pch_cxx)
+        return compiling.build(zygote, warm[i], shared, cache_root, scratch / f"warm-{i}", threads, trusted=True)
 
     def build(job: Job) -> dict:
         return compiling.build(
@@ -134,6 +134,7 @@ def run_builds(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -
         )
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(warm_up, range(len(warm))))  # every shared PCH before any candidate's build
         futures = {pool.submit(build, job): job for job in to_build}
         for future in _progress(as_completed(futures), len(futures), progress, "compile"):
             rows[futures[future].index] = future.result()

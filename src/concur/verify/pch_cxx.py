@@ -1,15 +1,19 @@
-"""A C++ compiler front for extension builds: clang++ with a shared precompiled header of torch/extension.h.
+"""A C++ compiler front for extension builds: a shared precompiled header of torch/extension.h, for clang or gcc.
 
-Every load_inline translation unit starts with `#include <torch/extension.h>`. With gcc, even through torch's own
-precompiled header, that costs ~15 CPU-seconds per extension, because gcc instantiates the templates the headers use
-again at the end of every unit. clang's `-fpch-instantiate-templates` does that work once, inside the header, and a
-unit that includes it compiles in a few seconds.
+Every load_inline translation unit starts with `#include <torch/extension.h>`, and parsing those headers is most of
+its cost (~20 CPU-seconds with gcc). concur.verify points CXX at this front (through a small shell shim) for its
+build children. Ninja calls it for every compile and link of an extension: a compile of one C++ source that starts
+by including the header gets a PCH built from the same flags (the compiler accepts a PCH only when optimisation
+level, defines and language options match), once per flag set and compiler, under a lock, in CONCUR_PCH_DIR;
+everything else is passed to the real compiler (CONCUR_REAL_CXX) untouched.
 
-concur.verify points CXX at this front (through a small shell shim) for its build children. Ninja calls it for every
-compile and link of an extension: a compile of one C++ source gets `-include-pch <pch>`, where the PCH was built from
-the same flags (so clang accepts it: optimisation level, defines and language options must match), once per flag set,
-under a lock, in CONCUR_PCH_DIR; everything else is passed to the real compiler untouched. When a PCH cannot be built
-or loaded, the unit is compiled without one: the front only changes speed, never a verdict.
+- clang: the header is precompiled with `-fpch-instantiate-templates` (the templates the headers use are
+  instantiated once, inside the PCH) and the unit gets `-include-pch <pch>`.
+- gcc finds a PCH only through an include: a stub `extension.h` that includes the header is precompiled into
+  `extension.h.gch` beside it, and the unit gets `-include <stub>`. gcc reads the stub itself when it rejects the PCH,
+  and torch/extension.h's `#pragma once` makes the unit's own include of it a no-op either way.
+
+When a PCH cannot be built or loaded, the unit is compiled as it is: the front only changes speed, never a verdict.
 
 Stdlib only: it runs in a fresh interpreter for every compiler call.
 """
@@ -32,7 +36,12 @@ HEADER = Path("torch", "extension.h")
 SOURCE_SUFFIXES = (".cpp", ".cc", ".cxx", ".c++")
 DROPPED = {"-c", "-MMD", "-MD"}  # compile-only switches: not part of what the PCH must agree with
 DROPPED_WITH_VALUE = {"-o", "-MF", "-MT", "-MQ"}
-UNUSABLE_PCH = re.compile(r"PCH file|precompiled (header|file)|AST file|-include-pch", re.IGNORECASE)
+# what a compiler says of a PCH it cannot read (an internal error too: the unit is then compiled again without one)
+UNUSABLE_PCH = re.compile(
+    r"\bPCH\b|precompiled (header|file)|AST file|-include-pch|internal compiler error", re.IGNORECASE
+)
+# comments and blank space, then the include: forcing the header in first changes nothing only for such a unit
+STARTS_WITH_HEADER = re.compile(r'(?:\s|//[^\n]*|/\*.*?\*/)*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"]', re.DOTALL)
 
 
 def compile_parts(args: list[str]) -> tuple[list[str], str] | None:
@@ -69,6 +78,22 @@ def include_dirs(flags: list[str]) -> list[Path]:
     return dirs
 
 
+def starts_with_header(source: str) -> bool:
+    try:
+        with open(source, errors="replace") as file:
+            return STARTS_WITH_HEADER.match(file.read(1 << 16)) is not None
+    except OSError:
+        return False
+
+
+def is_clang(compiler: str) -> bool:
+    """Asked of the compiler itself: `c++` or a user's CXX may be either."""
+    try:
+        return "clang" in subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return False
+
+
 def torch_header(flags: list[str]) -> Path | None:
     for folder in include_dirs(flags):
         if (folder / HEADER).is_file():
@@ -84,13 +109,13 @@ def pch_key(compiler: str, flags: list[str], header: Path) -> str:
     return hashlib.sha256(json.dumps([stamp, kept]).encode()).hexdigest()[:24]
 
 
-def shared_pch(compiler: str, flags: list[str], pch_dir: Path) -> Path | None:
+def shared_pch(compiler: str, flags: list[str], pch_dir: Path, clang: bool) -> Path | None:
     """The PCH for these flags, built on first use (other builds wait on its lock); None when it cannot be built."""
     header = torch_header(flags)
     if header is None:
         return None
     folder = pch_dir / pch_key(compiler, flags, header)
-    pch, failed = folder / "extension.pch", folder / "FAILED"
+    pch, failed = folder / ("extension.pch" if clang else "extension.h.gch"), folder / "FAILED"
     if pch.is_file():
         return pch
     try:  # a sandboxed candidate build may only read the shared PCHs: without one of its flags, it goes without
@@ -98,16 +123,21 @@ def shared_pch(compiler: str, flags: list[str], pch_dir: Path) -> Path | None:
         with open(folder / "lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not pch.is_file() and not failed.is_file():
-                build_pch(compiler, flags, header, pch, failed)
+                build_pch(compiler, flags, header, pch, failed, clang)
     except OSError:
         return None
     return pch if pch.is_file() else None
 
 
-def build_pch(compiler: str, flags: list[str], header: Path, pch: Path, failed: Path) -> None:
+def build_pch(compiler: str, flags: list[str], header: Path, pch: Path, failed: Path, clang: bool) -> None:
     kept = [f for f in flags if not f.startswith("-DTORCH_EXTENSION_NAME=")]
     partial = pch.with_name(f".{pch.name}.{os.getpid()}")
-    cmd = [compiler, *kept, "-fpch-instantiate-templates", "-x", "c++-header", str(header), "-o", str(partial)]
+    if clang:
+        cmd = [compiler, *kept, "-fpch-instantiate-templates", "-x", "c++-header", str(header), "-o", str(partial)]
+    else:  # the stub is found through the unit's own include paths, as the header is
+        stub = pch.with_suffix("")
+        stub.write_text(f"#include <{HEADER.as_posix()}>\n")
+        cmd = [compiler, *kept, "-x", "c++-header", str(stub), "-o", str(partial)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode == 0:
         os.replace(partial, pch)
@@ -117,15 +147,19 @@ def build_pch(compiler: str, flags: list[str], header: Path, pch: Path, failed: 
 
 
 def main(argv: list[str]) -> int:
-    compiler = os.environ.get(REAL_CXX_ENV) or "clang++"
+    compiler = os.environ.get(REAL_CXX_ENV) or "c++"
     parts = compile_parts(argv)
     pch_dir = os.environ.get(PCH_DIR_ENV)
-    pch = shared_pch(compiler, parts[0], Path(pch_dir)) if parts and pch_dir else None
+    if not (parts and pch_dir and starts_with_header(parts[1])):
+        os.execvp(compiler, [compiler, *argv])
+    clang = is_clang(compiler)
+    pch = shared_pch(compiler, parts[0], Path(pch_dir), clang)
     if pch is None:
         os.execvp(compiler, [compiler, *argv])
-    proc = subprocess.run([compiler, *argv, "-include-pch", str(pch)], capture_output=True, text=True)
+    use = ["-include-pch", str(pch)] if clang else ["-include", str(pch.with_suffix(""))]
+    proc = subprocess.run([compiler, *argv, *use], capture_output=True, text=True)
     if proc.returncode != 0 and UNUSABLE_PCH.search(proc.stderr):
-        os.execvp(compiler, [compiler, *argv])  # a PCH clang refuses: compile the unit as it is
+        os.execvp(compiler, [compiler, *argv])  # a PCH the compiler cannot read: compile the unit as it is
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
     return proc.returncode

@@ -39,8 +39,8 @@ def normalize(settings: dict | None, for_compile: bool = False) -> dict:
 
 
 def resolve_host_compiler(name: str) -> str:
-    """clang: clang++ through concur.verify.pch_cxx (a shared template-instantiating PCH: builds ~2.5x faster than
-    gcc). auto picks it when clang++ is on PATH and CXX is not set; gcc: the system c++ (and torch's own PCH on CPU)."""
+    """clang: clang++, gcc: CXX if set, else c++; both through concur.verify.pch_cxx's shared PCHs (clang's also
+    instantiates the templates once: faster builds). auto picks clang when clang++ is on PATH and CXX is not set."""
     if name not in ("auto", "clang", "gcc"):
         raise ValueError(f"verify.host_compiler must be auto, clang or gcc, got {name!r}")
     if name == "auto":
