@@ -415,3 +415,26 @@ def test_build_errors_name_the_file_not_the_machine():
     assert first_error_line(nvcc) == 'cuda.cu(11): error: expected a ";"'
     gcc = "/tmp/x/ext/main.cpp:4:1: error: 'foo' does not name a type"
     assert first_error_line(gcc) == "main.cpp:4:1: error: 'foo' does not name a type"
+
+
+def test_the_pool_stands_still_while_a_side_is_timed():
+    """Contestants still starting (CUDA context, CUPTI) slowed timed kernels on the same GPU: the referee stops the
+    waiting ones for the timed stretch and lets them go on after it."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from concur.verify.referee import Referee
+
+    def state(pid: int) -> str:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+
+    children = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    referee = SimpleNamespace(pool=[SimpleNamespace(pid=c.pid) for c in children])
+    try:
+        with Referee.quiet(referee):
+            assert [state(c.pid) for c in children] == ["T", "T"]
+        assert "T" not in [state(c.pid) for c in children]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()

@@ -28,7 +28,7 @@ def time_reference(referee, task, settings) -> dict:
     calls = timing.batch_size(task.call_ms, task.input_bytes, task.output_bytes, referee.arena_budget)
     plan = {"calls": calls, "batches": [], "forward": [], "handoff": [], "samples": []}
     ask = lambda m, s, t=600.0, spin=False: ref_ask(task, m, s, t, spin)  # noqa: E731
-    with reference_side():
+    with reference_side(), referee.quiet():
         warm_up(referee, task, task.runner, calls, settings, ask)
         while not timing.reference_done(
             [timing.per_call_ms(f, task.overhead_ms, calls) for f in plan["forward"]],
@@ -113,39 +113,42 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     torch = referee.torch
     calls = plan["calls"]
     ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, limit(deadline, t), spin=spin)  # noqa: E731
-    if not timing.warm_already(facts.get("call_s", []), float(settings["timing_min_s"])):
-        warm_up(referee, task, candidate, calls, settings, ask)
     forward, handoffs, cpu_s = [], [], []
     timed = {"calls": 0, "mismatch": None, "mutated": []}
     reference = timing.summary(plan["per_call"])
-    for number, (seeds, samples) in enumerate(zip(plan["batches"], plan["samples"])):
-        batch = timed_batch(referee, task, candidate, seeds, ask)
-        for i, call in enumerate(batch["metas"]):
-            mismatch = checks.structure(call, task.meta)
-            if mismatch:
-                timed["mismatch"] = f"call {number * calls + i + 1}: {mismatch}"
-        if timed["mismatch"]:
-            break
-        outputs, handoff_s = referee.handoff(
-            candidate, batch["metas"], "timing", limit(deadline, call_timeout(task, calls))
-        )
-        forward.append(batch["forward_ms"])
-        handoffs.append(1000.0 * handoff_s)
-        cpu_s.append(batch["cpu_s"])
-        timed["calls"] += calls
-        for i, kept in samples.items():
-            failed = sample_mismatch(torch, outputs[i], kept, settings)
-            if failed:
-                timed["mismatch"] = f"call {number * calls + i + 1}: {failed}"
-        for i in range(calls):
-            timed["mutated"] += [
-                j for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i]) if j not in timed["mutated"]
-            ]
-        per_call = timing.per_call_times(forward, handoffs, plan["handoff"], task.overhead_ms, calls)
-        if timed["mismatch"] or timing.candidate_done(
-            per_call, calls, float(settings["timing_min_s"]), reference["median_ms"]
-        ):
-            break
+    with referee.quiet():
+        if not timing.warm_already(facts.get("call_s", []), float(settings["timing_min_s"])):
+            warm_up(referee, task, candidate, calls, settings, ask)
+        for number, (seeds, samples) in enumerate(zip(plan["batches"], plan["samples"])):
+            batch = timed_batch(referee, task, candidate, seeds, ask)
+            for i, call in enumerate(batch["metas"]):
+                mismatch = checks.structure(call, task.meta)
+                if mismatch:
+                    timed["mismatch"] = f"call {number * calls + i + 1}: {mismatch}"
+            if timed["mismatch"]:
+                break
+            outputs, handoff_s = referee.handoff(
+                candidate, batch["metas"], "timing", limit(deadline, call_timeout(task, calls))
+            )
+            forward.append(batch["forward_ms"])
+            handoffs.append(1000.0 * handoff_s)
+            cpu_s.append(batch["cpu_s"])
+            timed["calls"] += calls
+            for i, kept in samples.items():
+                failed = sample_mismatch(torch, outputs[i], kept, settings)
+                if failed:
+                    timed["mismatch"] = f"call {number * calls + i + 1}: {failed}"
+            for i in range(calls):
+                timed["mutated"] += [
+                    j
+                    for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i])
+                    if j not in timed["mutated"]
+                ]
+            per_call = timing.per_call_times(forward, handoffs, plan["handoff"], task.overhead_ms, calls)
+            if timed["mismatch"] or timing.candidate_done(
+                per_call, calls, float(settings["timing_min_s"]), reference["median_ms"]
+            ):
+                break
     facts["timed"] = timed
     if forward:
         per_call = timing.per_call_times(forward, handoffs, plan["handoff"], task.overhead_ms, calls)
@@ -180,17 +183,18 @@ def time_kernelbench(referee, task, candidate, settings, facts, deadline) -> Non
     values = referee.draw(task, SEED, "random")
     specs = referee.stage(candidate, [values], "timing")[0]
     trials = int(settings["timing_trials"]) + 1 + int(settings["warmup"])
-    reply = candidate.ask(
-        {
-            "op": "kb_time",
-            "args": specs,
-            "warmup": settings["warmup"],
-            "trials": settings["timing_trials"],
-            "discard": 1,
-        },
-        "timing",
-        limit(deadline, call_timeout(task, trials)),
-    )
+    with referee.quiet():
+        reply = candidate.ask(
+            {
+                "op": "kb_time",
+                "args": specs,
+                "warmup": settings["warmup"],
+                "trials": settings["timing_trials"],
+                "discard": 1,
+            },
+            "timing",
+            limit(deadline, call_timeout(task, trials)),
+        )
     if not reply.get("ok"):
         facts["trials"].append({"number": len(facts["trials"]) + 1, "kind": "timing", "error": reply.get("error")})
         return

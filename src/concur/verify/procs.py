@@ -292,6 +292,31 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def stop_all(pids: list[int], wait_s: float = 0.5) -> list[int]:
+    """SIGSTOP these processes and wait (briefly) until each is stopped: a signal is delivered asynchronously.
+    Returns those that were alive to be stopped."""
+    stopped = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        except ProcessLookupError:
+            pass
+    end = time.monotonic() + wait_s
+    for pid in stopped:
+        while time.monotonic() < end and (_stat(str(pid)) or ["T"])[0] not in ("T", "t", "Z", "X"):
+            time.sleep(0.0005)
+    return stopped
+
+
+def resume_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def _stat(pid: str) -> list[str] | None:
     """Fields of /proc/<pid>/stat after the command name: state, ppid, pgrp, session, ..."""
     try:
