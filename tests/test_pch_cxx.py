@@ -201,6 +201,14 @@ def test_host_compiler_choice_and_cache_key(monkeypatch):
     gcc = normalize_settings({"device": "cpu", "host_compiler": "gcc"})
     assert build_cache_key("code", clang) != build_cache_key("code", gcc)  # builds of one compiler never reused
     assert compiling.build_env(gcc)["CXX"] == "concur.pch_cxx:c++"  # the key names the front, with gcc too
+    # CUDA settings reach CUDA builds' keys only: a stray TORCH_CUDA_ARCH_LIST does not make CPU builds miss
+    before = build_cache_key("code", gcc)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    monkeypatch.setenv("CUDA_HOME", "/opt/cuda")
+    assert build_cache_key("code", gcc) == before
+    cuda = {**gcc, "device": "cuda", "cuda_arch": "9.0"}
+    assert build_cache_key("code", cuda) != build_cache_key("code", {**cuda, "cuda_arch": "8.0"})
+    assert build_cache_key("code", cuda) != build_cache_key("code", {**cuda, "light_cuda_headers": False})
     program = 'load_inline(name="e", cpp_sources="", functions=[], extra_cflags=["-O3"])'
     assert compiling.warm_programs([program], gcc) == compiling.warm_programs([program], clang) != []
 

@@ -35,6 +35,8 @@ def build_env(settings: dict) -> dict[str, str]:
     if settings["device"] == "cuda":
         env["TORCH_CUDA_ARCH_LIST"] = str(settings["cuda_arch"])
         env[LIGHT_ENV] = "1" if settings.get("light_cuda_headers") else ""
+    else:  # nothing of CUDA reaches a CPU build: a stray value must not make every CPU build miss the cache
+        env = {k: v for k, v in env.items() if k not in ("TORCH_CUDA_ARCH_LIST", "CUDA_HOME")}
     return env
 
 
