@@ -248,3 +248,26 @@ def test_a_real_gcc_build_uses_the_pch_of_torchs_header(tmp_path):
     # main.cpp is `#include <torch/extension.h>`, the cpp_sources, then the bindings: line 3 is their second line
     reason = r"reason: main\.cpp:3:\d+: error: 'undeclared_name' was not declared in this scope"
     assert [line for line in lines if re.fullmatch(reason, line)], proc.stdout[-3000:]
+
+
+def test_only_safe_literal_flags_reach_the_trusted_pch_build():
+    """The shared PCH is built by a trusted child from a candidate's literal flags: flags that make the compiler
+    run or load something of the candidate's choosing never get there (that unit just compiles without a PCH)."""
+    settings = normalize_settings({"device": "cpu", "host_compiler": "gcc"})
+
+    def warm(flags: list[str]) -> list[str]:
+        return compiling.warm_programs([f"load_inline(name='e', cpp_sources='', extra_cflags={flags!r})"], settings)
+
+    assert warm(["-O3", "-std=c++17", "-DNDEBUG", "-ffast-math", "-march=native", "-Wall", "-fopenmp", "-g"])
+    for attack in (
+        ["-wrapper", "sh,-c,touch /tmp/pwned"],
+        ["-fplugin=/tmp/evil.so"],
+        ["-B/tmp/evil"],
+        ["-specs=/tmp/evil.specs"],
+        ["-Xclang", "-load", "-Xclang", "/tmp/evil.so"],
+        ["-Wp,-fplugin=/tmp/evil.so"],
+        ["@/tmp/evil.rsp"],
+        ["-I/tmp/evil"],
+        ["-O3", "-fdump-tree-all"],
+    ):
+        assert warm(attack) == [], attack

@@ -259,11 +259,26 @@ load_inline(name={name!r}, cpp_sources="int concur_warm() {{ return 0; }}"{cuda}
 """
 
 
+# flags a candidate may pass to the trusted PCH build: optimisation, language, defines, warnings, code generation.
+# Anything else (-wrapper, -fplugin, -B, -specs, -Xclang, -Wp,..., @file, include paths) could run or read what the
+# candidate chose with the trusted child's rights, and write every flag set's shared PCH: those units go without one.
+SAFE_FLAG = re.compile(
+    r"-(O[0-3sgz]?|g[0-3]?|w|W[A-Za-z0-9=-]*|std=[\w+]+|[DU][A-Za-z_]\w*(=[\w.+-]*)?|m[\w=.-]+|pthread)"
+)
+SAFE_F_FLAG = re.compile(r"-f(no-)?[a-z0-9][a-z0-9-]*(=[\w.-]+)?")
+
+
+def safe_flag(flag: str) -> bool:
+    if flag.startswith(("-fplugin", "-fdump", "-fprofile", "-fauto-profile", "-fcallgraph-info")):
+        return False
+    return bool(SAFE_FLAG.fullmatch(flag) or SAFE_F_FLAG.fullmatch(flag))
+
+
 def warm_programs(solutions: list[str], settings: dict) -> list[str]:
-    """Tiny programs whose builds (by a trusted child) make the shared PCH of each literal flag set."""
+    """Tiny programs whose builds (by a trusted child) make the shared PCH of each literal flag set of safe flags."""
     programs = []
     for flags, cuda in sorted(flag_sets(solutions)):
-        if cuda and settings["device"] != "cuda":
+        if (cuda and settings["device"] != "cuda") or not all(safe_flag(f) for f in flags):
             continue
         cuda_arg = ', cuda_sources="__global__ void concur_warm_k() {}"' if cuda else ""
         programs.append(
