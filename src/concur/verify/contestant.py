@@ -315,8 +315,8 @@ def serve(channel, spec: dict, sandbox: str) -> int:
         os._exit(1)
     spin_s, op = float(spec.get("spin_s") or 0.0), None
     while True:
-        try:  # `go` follows `prepare` at once and starts the referee's clock: wait for it without sleeping
-            msg, fds = channel.recv(spin_s=spin_s if op == "prepare" else 0.0)
+        try:  # the timed commands (`go` after `prepare`, `handoff` after `outs`) come at once: wait without sleeping
+            msg, fds = channel.recv(spin_s=spin_s if op in ("prepare", "outs") else 0.0)
         except procs.ChannelClosed:
             break
         op = msg.get("op")

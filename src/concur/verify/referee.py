@@ -166,7 +166,7 @@ class Referee:
                 if spec["t"] == "tensor":
                     spec["off"] += base
         begin = time.perf_counter()
-        reply = runner.ask({"op": "handoff", "specs": layouts}, stage, timeout)
+        reply = runner.ask({"op": "handoff", "specs": layouts}, stage, timeout, spin=True)  # timed, as `go` is
         seconds = time.perf_counter() - begin
         if not reply.get("ok"):
             raise CallFailed(reply.get("error", "hand-off failed"))
