@@ -438,3 +438,25 @@ def test_the_pool_stands_still_while_a_side_is_timed():
         for child in children:
             child.kill()
             child.wait()
+
+
+def test_cpu_time_is_read_to_the_microsecond_over_short_windows():
+    """Twenty windows of a few milliseconds of one busy thread add up to about one core: tick-rounded readings of
+    /proc summed over such windows had read a one-thread loop as 1.9 cores."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        assert procs.cpu_resolution_s(child.pid) < 1e-3
+        time.sleep(0.3)
+        cpu = wall = 0.0
+        for _ in range(20):
+            c0, w0 = procs.cpu_seconds(child.pid), time.perf_counter()
+            time.sleep(0.003)
+            cpu += procs.cpu_seconds(child.pid) - c0
+            wall += time.perf_counter() - w0
+        assert cpu / wall < 1.3
+    finally:
+        child.kill()
+        child.wait()

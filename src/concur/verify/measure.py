@@ -158,9 +158,9 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             "calls_per_batch": calls,
             "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # of every batch: for benchmarks
             "deferred": timing.deferred(handoffs, plan["handoff"], forward),
-            # over all batches together: CPU time is counted in clock ticks, too coarse for one short batch
+            # over all batches together (where the CPU clock is read in ticks, one short batch is too coarse)
             "cores": sum(cpu_s) / (sum(forward) / 1000.0),
-            "cores_resolution": procs.cpu_tick_s() * 2 / (sum(forward) / 1000.0),
+            "cores_resolution": procs.cpu_resolution_s(candidate.pid) * 2 / (sum(forward) / 1000.0),
             "cores_allowed": referee.threads,
         }
     inspect(referee, task, candidate, facts, deadline, job.get("kernels"))

@@ -356,9 +356,28 @@ def move_threads(pid: int, cpus: list[int]) -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of a process, all its threads together (exited ones too), in clock ticks."""
-    stat = _stat(str(pid))
-    return (int(stat[11]) + int(stat[12])) * cpu_tick_s() if stat else 0.0
+    """CPU time of a process, all its threads together (exited ones too): its CPU-time clock, to the nanosecond,
+    else /proc in clock ticks. Ticks are too coarse for windows of milliseconds: summed over 20 such windows, their
+    rounding alone read a one-thread loop as 1.9 cores."""
+    try:
+        return time.clock_gettime(process_cpu_clock(pid))
+    except (OSError, OverflowError):
+        stat = _stat(str(pid))
+        return (int(stat[11]) + int(stat[12])) * cpu_tick_s() if stat else 0.0
+
+
+def process_cpu_clock(pid: int) -> int:
+    """Linux's clock id for the CPU time of a whole process (what clock_getcpuclockid(3) returns)."""
+    return ((~pid) << 3) | 2
+
+
+def cpu_resolution_s(pid: int) -> float:
+    """How finely cpu_seconds reads this process."""
+    try:
+        time.clock_gettime(process_cpu_clock(pid))
+        return 1e-6
+    except (OSError, OverflowError):
+        return cpu_tick_s()
 
 
 def cpu_tick_s() -> float:
