@@ -157,6 +157,11 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             "new": timing.summary(per_call),
             "calls_per_batch": calls,
             "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # of every batch: for benchmarks
+            "batch_ms": {  # the referee's raw clock readings of every batch, and the round trip taken off them
+                "ref": {"forward": plan["forward"], "handoff": plan["handoff"]},
+                "new": {"forward": forward, "handoff": handoffs},
+                "overhead": task.overhead_ms,
+            },
             "deferred": timing.deferred(handoffs, plan["handoff"], forward),
             # over all batches together (where the CPU clock is read in ticks, one short batch is too coarse)
             "cores": sum(cpu_s) / (sum(forward) / 1000.0),
