@@ -94,6 +94,7 @@ def main() -> None:
             runs.append(
                 json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
             )
+            print(f"{variant}: run {len(runs)} of {args.runs}", file=sys.stderr, flush=True)
         found[variant] = runs
         medians = {
             clock: [[statistics.median(b[i] for b in run[side]) for side in ("ref", "new")] for run in runs]
