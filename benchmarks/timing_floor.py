@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -77,6 +80,10 @@ def main() -> None:
     if args.one:
         print(json.dumps(one_run(args.one, args.batches, args.calls)))
         return
+    # the kernels are built once per invocation, in a folder of its own: a build lock left in torch's shared cache
+    # by a run that was cut off would make every later run wait on it
+    builds = tempfile.mkdtemp(prefix="timing-floor-")
+    env = {"TORCH_EXTENSIONS_DIR": builds, **os.environ}
     found, rows = {}, []
     for variant in args.variants:
         runs = []
@@ -92,7 +99,9 @@ def main() -> None:
                 str(args.calls),
             ]
             runs.append(
-                json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+                json.loads(
+                    subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout.splitlines()[-1]
+                )
             )
             print(f"{variant}: run {len(runs)} of {args.runs}", file=sys.stderr, flush=True)
         found[variant] = runs
@@ -112,6 +121,7 @@ def main() -> None:
                 )
             )
         rows.append((variant, "output copy", float("nan"), float("nan"), 100 * cv([n for _, n in medians["copy"]])))
+    shutil.rmtree(builds, ignore_errors=True)
     print(f"{args.runs} fresh processes per kernel, {args.batches} batches of {args.calls} calls per model")
     print(f"{'kernel':<10}{'clock':<14}{'speedup CV':>12}{'speedup':>10}{'kernel time CV':>16}")
     for variant, clock, spread, mean, own in rows:
