@@ -30,7 +30,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 from verify_cuda_solutions import solution  # noqa: E402
 
 from concur import contracts  # noqa: E402
-from concur.verify import api, compile_frame, normalize_settings, verify_frame  # noqa: E402
+from concur.verify import api, compile_frame, normalize_settings, timing, verify_frame  # noqa: E402
 
 TASKS = {"relu_add": "task_relu_add.py", "gemm_bias_relu": "task_gemm_bias_relu.py"}
 MIX = [
@@ -239,7 +239,10 @@ def forward_only(timed: dict) -> float:
     """The speedup the batches' forward times alone give, the hand-offs left out (what the hand-off rule adds to the
     spread is the difference between the two CVs)."""
     raw, calls = timed["batch_ms"], timed["calls_per_batch"]
-    ref, new = (statistics.median(f - raw["overhead"] for f in raw[s]["forward"]) / calls for s in ("ref", "new"))
+    ref, new = (
+        statistics.median(timing.per_call_ms(f, raw["overhead"], calls) for f in raw[s]["forward"])
+        for s in ("ref", "new")
+    )
     return ref / new
 
 
