@@ -181,9 +181,28 @@ def report(cands: list[dict], args: argparse.Namespace) -> dict:
         )
     table = pd.DataFrame(rows)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
-    result = {"table": rows, "agreement": agreement(ours[ours["mode"] == "kernelbench"], kb)}
+    stages = stage_seconds(ours)
+    result = {"table": rows, "stages": stages, "agreement": agreement(ours[ours["mode"] == "kernelbench"], kb)}
     (args.out / "report.json").write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def stage_seconds(ours: pd.DataFrame) -> dict:
+    """GPU-seconds per candidate in each stage of our jobs, per mode ("setup.*" and "correctness.fp64" are parts of
+    "setup" and "correctness": where setting up a task's reference, and the float64 check, go)."""
+    found = {}
+    for mode in MODES:
+        part = ours[ours["mode"] == mode] if "stage_s" in ours else ours.iloc[0:0]
+        totals: dict[str, float] = {}
+        for stages in part.get("stage_s", []):
+            for name, seconds in (stages or {}).items():
+                totals[name] = totals.get(name, 0.0) + seconds
+        if totals:
+            found[mode] = {k: round(v / len(part), 3) for k, v in sorted(totals.items())}
+    if found:
+        print("\nGPU-seconds per candidate by stage of the job:")
+        print(pd.DataFrame(found).fillna(0.0).to_string(float_format=lambda x: f"{x:.3f}"))
+    return found
 
 
 def row(name: str, n: int, mean_gpu: float, median_gpu: float, build_cpu: float, args, correct: int) -> dict:

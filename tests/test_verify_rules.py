@@ -3,7 +3,9 @@ processes, the degenerate probe, KernelBench's seeds, and the sandbox (in a fork
 
 import math
 import os
+import random
 import socket
+import statistics
 import time
 
 import pytest
@@ -174,13 +176,44 @@ def test_batch_size_fills_a_few_milliseconds_within_memory():
 
 def test_work_deferred_to_the_hand_off_is_counted():
     reference = [0.10] * 10
-    honest = timing.per_call_times([1.0] * 10, [0.10] * 10, reference, overhead_ms=0.2, calls=4)
-    assert honest == pytest.approx([0.2] * 10)
+    honest = timing.summary(
+        timing.per_call_times([1.0] * 10, overhead_ms=0.2, calls=4), timing.handoff_excess_ms([0.10] * 10, reference, 4)
+    )
+    assert honest["median_ms"] == pytest.approx(0.2)
     # replied early (forward 0.3 ms) and finished the work in the hand-off (1.0 ms): the excess is its time
-    cheat = timing.per_call_times([0.3] * 10, [1.0] * 10, reference, overhead_ms=0.2, calls=4)
-    assert cheat == pytest.approx([(0.3 - 0.2 + 0.9) / 4] * 10)
+    cheat = timing.summary(
+        timing.per_call_times([0.3] * 10, overhead_ms=0.2, calls=4), timing.handoff_excess_ms([1.0] * 10, reference, 4)
+    )
+    assert cheat["median_ms"] == pytest.approx((0.3 - 0.2 + 0.9) / 4)
     assert timing.deferred([1.0] * 10, reference, [0.3] * 10)
     assert not timing.deferred([0.101] * 10, reference, [1.0] * 10)
+
+
+@pytest.mark.parametrize("share", [0.2, 0.5, 0.6, 1.0])
+def test_deferring_in_some_batches_only_gains_nothing(share):
+    """Work moved from a batch's forward to its hand-off, in a share of the batches and by varying amounts: the
+    medians of forward and hand-off move together, so the candidate's time stays what it would be undeferred."""
+    rng = random.Random(7)
+    n, honest_forward, handoff = 20, 1.0, 0.1
+    moved = [rng.uniform(0.1, 0.6) if i < share * n else 0.0 for i in range(n)]
+    rng.shuffle(moved)
+    forward = [honest_forward - m for m in moved]
+    handoffs = [handoff + m for m in moved]
+    got = timing.summary(timing.per_call_times(forward, 0.2, 4), timing.handoff_excess_ms(handoffs, [handoff] * n, 4))[
+        "median_ms"
+    ]
+    assert got >= (honest_forward - 0.2) / 4 - 1e-12
+
+
+def test_hand_off_noise_is_not_piled_onto_the_candidate():
+    """Hand-offs as noisy as the reference's own (same bytes) add next to nothing: batch by batch, only the slower
+    ones would have been counted."""
+    rng = random.Random(3)
+    reference = [0.5 * (1 + rng.gauss(0, 0.05)) for _ in range(20)]
+    candidate = [0.5 * (1 + rng.gauss(0, 0.05)) for _ in range(20)]
+    excess = timing.handoff_excess_ms(candidate, reference, calls=1)
+    per_batch = statistics.fmean(max(0.0, h - statistics.median(reference)) for h in candidate)
+    assert excess < 0.5 * per_batch
 
 
 def test_stopping_rules():

@@ -41,8 +41,11 @@ def evaluate(referee, job: dict) -> dict:
     stages = Stages(facts["stage_s"])
     candidate = None
     try:
-        with stages("reference"):
+        with stages("setup"):
             task = task_for(referee, job)
+        facts["stage_s"].update({f"setup.{k}": v for k, v in task.setup_s.items()})  # the job that set it up
+        task.setup_s = {}
+        with stages("reference"):
             plan = (
                 measure.time_reference(referee, task, settings)
                 if task.mode == "hardened" and job.get("solution")
@@ -167,7 +170,9 @@ def run_trials(referee, task, candidate, settings, facts, deadline) -> bool:
         trial.update(checks.compare(outputs[0], ref, settings, strict_finite=hardened, leaf_scale=kind == "signed"))
         trial["mutated"] = mutated(torch, candidate, specs, values)
         if number == 1:  # last: the float64 reference's hand-off lands beside `ref` in the same arena
+            begin = time.perf_counter()
             facts["precision"] = precision(referee, task, values, ref, outputs[0], seed)
+            facts["stage_s"]["correctness.fp64"] = time.perf_counter() - begin
         if not checks.passes(trial) or trial["mutated"] and hardened:
             passed = False
             break

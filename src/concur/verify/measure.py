@@ -25,13 +25,13 @@ EXPECTED_BACKEND = {
 def time_reference(referee, task, settings) -> dict:
     """Warm up, then timed batches of fresh secret inputs until the reference has run `timing_min_s`; keeps each
     batch's seeds, forward and hand-off times and a secret sample of checked outputs."""
-    calls = timing.batch_size(task.call_ms, task.input_bytes, task.output_bytes, referee.arena_budget)
+    calls = task.calls
     plan = {"calls": calls, "batches": [], "forward": [], "handoff": [], "samples": []}
     ask = lambda m, s, t=600.0, spin=False: ref_ask(task, m, s, t, spin)  # noqa: E731
     with reference_side(), referee.quiet():
         warm_up(referee, task, task.runner, calls, settings, ask)
         while not timing.reference_done(
-            [timing.per_call_ms(f, task.overhead_ms, calls) for f in plan["forward"]],
+            timing.per_call_times(plan["forward"], task.overhead_ms, calls),
             calls,
             float(settings["timing_min_s"]),
         ):
@@ -43,7 +43,7 @@ def time_reference(referee, task, settings) -> dict:
             plan["batches"].append(seeds)
             plan["forward"].append(batch["forward_ms"])
             plan["handoff"].append(1000.0 * handoff_s)
-    plan["per_call"] = timing.per_call_times(plan["forward"], plan["handoff"], plan["handoff"], task.overhead_ms, calls)
+    plan["per_call"] = timing.per_call_times(plan["forward"], task.overhead_ms, calls)
     return plan
 
 
@@ -144,19 +144,20 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                     for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i])
                     if j not in timed["mutated"]
                 ]
-            per_call = timing.per_call_times(forward, handoffs, plan["handoff"], task.overhead_ms, calls)
+            per_call = timing.per_call_times(forward, task.overhead_ms, calls)
+            excess = timing.handoff_excess_ms(handoffs, plan["handoff"], calls)
             if timed["mismatch"] or timing.candidate_done(
-                per_call, calls, float(settings["timing_min_s"]), reference["median_ms"]
+                per_call, calls, float(settings["timing_min_s"]), reference["median_ms"], excess
             ):
                 break
     facts["timed"] = timed
     if forward:
-        per_call = timing.per_call_times(forward, handoffs, plan["handoff"], task.overhead_ms, calls)
+        per_call = timing.per_call_times(forward, task.overhead_ms, calls)
         facts["timing"] = {
             "ref": reference,
-            "new": timing.summary(per_call),
+            "new": timing.summary(per_call, timing.handoff_excess_ms(handoffs, plan["handoff"], calls)),
             "calls_per_batch": calls,
-            "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # of every batch: for benchmarks
+            "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # forward, of every batch: for benchmarks
             "batch_ms": {  # the referee's raw clock readings of every batch, and the round trip taken off them
                 "ref": {"forward": plan["forward"], "handoff": plan["handoff"]},
                 "new": {"forward": forward, "handoff": handoffs},

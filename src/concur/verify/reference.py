@@ -42,6 +42,8 @@ class TaskState:
         self.stochastic = True
         self.degenerate: list[str] | None = None  # the probe's answer, once per task
         self.call_ms = None
+        self.calls = 1  # per timed batch (hardened)
+        self.setup_s: dict[str, float] = {}  # where setting the task up went (benchmarks); emptied once reported
         self.has_double = None
         try:
             self.namespace = exec_program(job["reference"], "reference.py", "concur_reference_" + self.key[:12])
@@ -116,10 +118,24 @@ def ref_handoff(referee, task, metas: list) -> tuple[list, float]:
         return referee.handoff(task.runner, metas, "reference", 600.0)
 
 
+class Clock:
+    """Seconds per step into a dict: each call closes the step before it."""
+
+    def __init__(self, into: dict):
+        self.into, self.last = into, time.perf_counter()
+
+    def __call__(self, step: str) -> None:
+        now = time.perf_counter()
+        self.into[step] = self.into.get(step, 0.0) + now - self.last
+        self.last = now
+
+
 def setup_reference(referee, task: TaskState, settings: dict) -> None:
     """Load Model in a contestant, measure one call, profile it (hardened), time it KernelBench's way
     (kernelbench mode): all before any candidate of the task runs."""
+    clock = Clock(task.setup_s)
     task.runner = runner = referee.take(REFERENCE_MEMORY_MB, 256)
+    clock("start")
     program = runner.folder / "reference.py"
     program.write_text(task.code)
     with reference_side():
@@ -127,12 +143,14 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
     reply = ref_ask(task, load_message(settings, "reference", "Model", program, init, None), "reference")
     if reply.get("error") or not reply.get("has_class"):
         raise ReferenceFailed(reply.get("error") or "no Model")
+    clock("load")
     values = referee.draw(task, SEED, "random")
     with reference_side():
         specs = referee.stage(runner, [values], "reference")
     reply = ref_ask(task, {"op": "call", "calls": [{"args": specs[0], "seed": SEED}]}, "reference")
     task.meta = reply["outs"][0]
     ref_handoff(referee, task, reply["outs"])
+    clock("first_call")
     samples = []
     for _ in range(3):
         ref_ask(task, {"op": "prepare", "calls": [{"args": specs[0], "seed": None}]}, "reference")
@@ -147,11 +165,17 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
     task.input_bytes = sum(exchange.nbytes(s) for s in specs[0])
     task.output_bytes = sum(exchange.nbytes(s) for s in exchange.output_layout(task.meta, 0))
     task.memory_mb = runner.memory_used_kb() // 1024
+    clock("calibrate")
     if task.input_bytes + task.output_bytes <= FP64_MAX_BYTES:  # room for the float64 output beside the float32 one
         with reference_side():
             runner.arena("out", 3 * task.output_bytes + 4 * exchange.OUT_SLACK, "reference")
+    clock("arena")
     if settings["mode"] == "hardened":
+        with referee.quiet():
+            task.calls = batch_calls(referee, task, specs[0])
+        clock("calibrate")
         task.profile = ref_ask(task, {"op": "profile", "args": specs[0]}, "reference")["names"]
+        clock("profile")
     else:
         message = {
             "op": "kb_time",
@@ -162,6 +186,26 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
         }
         with referee.quiet():
             task.kb_times = ref_ask(task, message, "reference")["times_ms"]
+        clock("kb_time")
+
+
+def batch_calls(referee, task: TaskState, specs: list[dict]) -> int:
+    """Calls per timed batch, from the time per call of a batch of back-to-back calls: a single call's time carries
+    launch and wake-up latency of its own, which sized the batches of one task anywhere from 11 to 21 calls."""
+    sized = lambda call_ms: timing.batch_size(  # noqa: E731
+        call_ms, task.input_bytes, task.output_bytes, referee.arena_budget
+    )
+    calls = sized(task.call_ms)
+    if calls == 1:
+        return 1
+    times = []
+    for _ in range(2):
+        ref_ask(task, {"op": "prepare", "calls": [{"args": specs, "seed": None}] * calls}, "reference")
+        begin = time.perf_counter()
+        ref_ask(task, {"op": "go"}, "reference", spin=True)
+        times.append(1000.0 * (time.perf_counter() - begin))
+        ref_ask(task, {"op": "drop"}, "reference")
+    return sized(timing.per_call_ms(min(times), task.overhead_ms, calls))
 
 
 def stochastic(referee, task, specs: list[dict]) -> bool:

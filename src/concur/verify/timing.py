@@ -4,8 +4,10 @@ A timed batch is B calls of forward, each on inputs drawn fresh for it, run back
 ended by a device-wide synchronisation; the referee's clock runs from sending the batch to its reply. B grows until
 a batch lasts a few milliseconds, so the message round trip (measured on the reference's process and subtracted
 from both) is a small share of it. The outputs then move to the referee in a separate, also timed, hand-off: work a
-candidate defers past its reply shows up there, and whatever the hand-off takes beyond the reference's is added to
-the candidate's time. The reference is timed first, before the candidate's code is loaded, until it has run
+candidate defers past its reply shows up there, and whatever its median hand-off takes beyond the reference's is
+added to its time (medians, not batch by batch: a batch's forward and hand-off move together when work shifts from
+one to the other, so the sum of their medians counts it whole, while the noise of single hand-offs does not pile up
+on one side). The reference is timed first, before the candidate's code is loaded, until it has run
 `timing_min_s` (at least MIN_BATCHES batches); the candidate then replays the same batches, stopping early once it
 is clearly slower than eager. Speedup: the ratio of the medians of per-call times.
 """
@@ -33,17 +35,22 @@ def batch_size(call_ms: float, input_bytes: int, output_bytes: int, budget_bytes
     return int(max(1, min(wanted, MAX_BATCH, budget_bytes // per_call)))
 
 
-def per_call_ms(forward_ms: float, overhead_ms: float, calls: int, handoff_excess_ms: float = 0.0) -> float:
-    return max(FLOOR_MS, (forward_ms - overhead_ms + max(0.0, handoff_excess_ms)) / max(1, calls))
+def per_call_ms(forward_ms: float, overhead_ms: float, calls: int) -> float:
+    return max(FLOOR_MS, (forward_ms - overhead_ms) / max(1, calls))
 
 
-def per_call_times(
-    forward_ms: list[float], handoff_ms: list[float], reference_handoff_ms: list[float], overhead_ms: float, calls: int
-) -> list[float]:
-    """Per-call time of each batch: its forward, minus the round trip, plus whatever its hand-off took beyond the
-    reference's median hand-off (the same rule for both models, so noise in hand-offs favours neither)."""
-    typical = statistics.median(reference_handoff_ms) if reference_handoff_ms else 0.0
-    return [per_call_ms(f, overhead_ms, calls, h - typical) for f, h in zip(forward_ms, handoff_ms)]
+def per_call_times(forward_ms: list[float], overhead_ms: float, calls: int) -> list[float]:
+    """Per-call forward time of each batch, the round trip taken off."""
+    return [per_call_ms(f, overhead_ms, calls) for f in forward_ms]
+
+
+def handoff_excess_ms(handoff_ms: list[float], reference_handoff_ms: list[float], calls: int) -> float:
+    """Per call, what the median hand-off took beyond the reference's median hand-off of the same bytes. With
+    f_i + h_i fixed per batch, median(f) + median(h) is fixed too, so deferring work in some batches only gains
+    nothing; a hand-off faster than the reference's earns no credit."""
+    if not handoff_ms or not reference_handoff_ms:
+        return 0.0
+    return max(0.0, statistics.median(handoff_ms) - statistics.median(reference_handoff_ms)) / max(1, calls)
 
 
 def reference_done(per_call: list[float], calls: int, budget_s: float) -> bool:
@@ -55,11 +62,13 @@ def reference_done(per_call: list[float], calls: int, budget_s: float) -> bool:
     return n >= SLOWER_MIN_BATCHES and spent_ms >= 1000.0 * budget_s * MIN_BATCHES
 
 
-def candidate_done(per_call: list[float], calls: int, budget_s: float, reference_median_ms: float) -> bool:
+def candidate_done(
+    per_call: list[float], calls: int, budget_s: float, reference_median_ms: float, excess_ms: float = 0.0
+) -> bool:
     """The candidate's speedup is known well enough: its own time budget is spent, or it is clearly slower (over
     SLOWER_MIN_BATCHES batches, or over `budget_s` of batches: one batch of a kernel that takes seconds)."""
     settled = len(per_call) >= SLOWER_MIN_BATCHES or sum(per_call) * calls >= 1000.0 * budget_s
-    if settled and statistics.median(per_call) > SLOWER_STOP * reference_median_ms:
+    if settled and statistics.median(per_call) + excess_ms > SLOWER_STOP * reference_median_ms:
         return True
     return reference_done(per_call, calls, budget_s)
 
@@ -69,10 +78,17 @@ def warm_already(call_s: list[float], budget_s: float) -> bool:
     return bool(call_s) and min(call_s) >= max(WARMUP_MIN_S, budget_s)
 
 
-def summary(per_call: list[float]) -> dict:
+def summary(per_call: list[float], excess_ms: float = 0.0) -> dict:
+    """Per-call mean and median over the batches, the hand-off excess (per call) added; cv: of the forward times."""
     mean = statistics.fmean(per_call)
     spread = statistics.pstdev(per_call) / mean if len(per_call) > 1 and mean > 0 else 0.0
-    return {"mean_ms": mean, "median_ms": statistics.median(per_call), "cv": spread, "batches": len(per_call)}
+    return {
+        "mean_ms": mean + excess_ms,
+        "median_ms": statistics.median(per_call) + excess_ms,
+        "handoff_excess_ms": excess_ms,
+        "cv": spread,
+        "batches": len(per_call),
+    }
 
 
 def deferred(
