@@ -184,7 +184,8 @@ def test_work_deferred_to_the_hand_off_is_counted():
     cheat = timing.summary(
         timing.per_call_times([0.3] * 10, overhead_ms=0.2, calls=4), timing.handoff_excess_ms([1.0] * 10, reference, 4)
     )
-    assert cheat["median_ms"] == pytest.approx((0.3 - 0.2 + 0.9) / 4)
+    allowed = (1 + timing.HANDOFF_SLACK) * 0.10  # the hand-off's own drift between two stretches
+    assert cheat["median_ms"] == pytest.approx((0.3 - 0.2 + 1.0 - allowed) / 4)
     assert timing.deferred([1.0] * 10, reference, [0.3] * 10)
     assert not timing.deferred([0.101] * 10, reference, [1.0] * 10)
 
@@ -202,7 +203,7 @@ def test_deferring_in_some_batches_only_gains_nothing(share):
     got = timing.summary(timing.per_call_times(forward, 0.2, 4), timing.handoff_excess_ms(handoffs, [handoff] * n, 4))[
         "median_ms"
     ]
-    assert got >= (honest_forward - 0.2) / 4 - 1e-12
+    assert got >= (honest_forward - 0.2 - timing.HANDOFF_SLACK * handoff) / 4 - 1e-12
 
 
 def test_hand_off_noise_is_not_piled_onto_the_candidate():
@@ -452,7 +453,8 @@ def test_build_errors_name_the_file_not_the_machine():
 
 def test_the_pool_stands_still_while_a_side_is_timed():
     """Contestants still starting (CUDA context, CUPTI) slowed timed kernels on the same GPU: the referee stops the
-    waiting ones for the timed stretch and lets them go on after it."""
+    waiting ones for the timed stretch and lets them go on after it. A judged candidate, killed as its job ended, is
+    gone before the stretch starts (its dying context's kernels would still run)."""
     import subprocess
     from types import SimpleNamespace
 
@@ -462,13 +464,18 @@ def test_the_pool_stands_still_while_a_side_is_timed():
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
 
     children = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
-    referee = SimpleNamespace(pool=[SimpleNamespace(pid=c.pid) for c in children])
+    judged = subprocess.Popen(["sleep", "30"])
+    dying = SimpleNamespace(kill=judged.kill, end=judged.wait)
+    referee = SimpleNamespace(pool=[SimpleNamespace(pid=c.pid) for c in children], ending=[])
+    referee.settle = lambda: Referee.settle(referee)
     try:
+        Referee.dismiss(referee, dying)
         with Referee.quiet(referee):
             assert [state(c.pid) for c in children] == ["T", "T"]
+            assert judged.returncode is not None and not referee.ending
         assert "T" not in [state(c.pid) for c in children]
     finally:
-        for child in children:
+        for child in [*children, judged]:
             child.kill()
             child.wait()
 

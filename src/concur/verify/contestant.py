@@ -176,11 +176,14 @@ class Contestant:
         """Copy the kept outputs into the output arena at the offsets the referee chose."""
         import torch
 
-        target = self.arenas["out"].bytes
+        target, views, sources = self.arenas["out"].bytes, [], []
         for produced, specs in zip(self.pending, msg["specs"]):
             for leaf, spec in zip(produced, specs):
                 if spec["t"] == "tensor":
-                    exchange.view(target, spec).copy_(torch.as_tensor(leaf).reshape(spec["shape"]))
+                    views.append(exchange.view(target, spec))
+                    sources.append(torch.as_tensor(leaf).reshape(spec["shape"]))
+        if views:  # one call for all copies: less of the timed hand-off is Python, whose pace varies
+            torch._foreach_copy_(views, sources)
         self.pending = []
         self._sync()
         return {"ok": True}

@@ -78,7 +78,7 @@ def evaluate(referee, job: dict) -> dict:
     finally:
         with stages("end"):
             if candidate is not None:
-                candidate.end()
+                referee.dismiss(candidate)
         referee.refill()
         facts["gpu_s"] = time.perf_counter() - start
     return facts

@@ -6,7 +6,7 @@ reference and the candidate each run in a contestant process (concur.verify.cont
 sandboxed, on views of arenas it owns. It draws every input itself (on the device, from seeds only it knows in
 hardened mode), keeps the reference's outputs and its private copy of the inputs, compares, and times both models
 with its own clock (concur.verify.timing). The reference is timed before the candidate's module is even loaded; a
-candidate process is killed and gone before the next one loads.
+candidate process is killed as its job ends, and gone before another contestant is taken or anything is timed.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ class Referee:
                 2 * (getattr(props, "L2_cache_size", 0) or 64 << 20), dtype=torch.uint8, device="cuda"
             )
         self.pool: deque[Runner] = deque()
+        self.ending: list[Runner] = []  # killed, not yet known gone: `settle` waits for them before anything is timed
         self.serial = 0
         self.task = None
         self.positions = torch.Generator(device="cuda" if self.device == "cuda" else "cpu")
@@ -103,13 +104,26 @@ class Referee:
         """While a side is timed, the contestants waiting in the pool are stopped (SIGSTOP): one that is starting
         creates its CUDA context and starts CUPTI, which slowed timed kernels on the same GPU by 10-200% for
         seconds. Their start resumes afterwards; none of them has loaded a program yet."""
+        self.settle()
         stopped = procs.stop_all([runner.pid for runner in self.pool])
         try:
             yield
         finally:
             procs.resume_all(stopped)
 
+    def dismiss(self, runner: Runner) -> None:
+        """Kill a judged candidate and go on: its GPU context is torn down while the next job is sent, and `settle`
+        waits until it is gone before another contestant is taken or anything is timed (a dying context's kernels
+        still run)."""
+        runner.kill()
+        self.ending.append(runner)
+
+    def settle(self) -> None:
+        while self.ending:
+            self.ending.pop().end()
+
     def take(self, memory_mb: int, max_processes: int) -> Runner:
+        self.settle()
         runner = self.pool.popleft() if self.pool else self.spawn(memory_mb, max_processes)
         runner.memory_kb, runner.max_processes = memory_mb * 1024, max_processes
         runner.ready()
@@ -191,6 +205,7 @@ class Referee:
         return evaluation.evaluate(self, job)
 
     def close(self) -> None:
+        self.settle()
         if self.task is not None:
             self.task.close()
         for runner in self.pool:

@@ -90,6 +90,7 @@ class Runner:
         self.pid, self.channel = zygote.spawn(spec)
         self.arenas: dict[str, exchange.Arena | None] = {"in": None, "out": None}
         self.sandbox: str | None = None
+        self.killed = False
 
     def ready(self) -> None:
         if self.sandbox is None:
@@ -146,10 +147,17 @@ class Runner:
     def memory_used_kb(self) -> int:
         return procs.session_usage(self.pid)[1]
 
+    def kill(self) -> None:
+        """Kill the process (its whole session) without waiting for it: `end` finishes."""
+        if self.pid and not self.killed:
+            self.zygote.kill(self.pid)
+            self.killed = True
+
     def end(self) -> None:
         """Kill the process (its whole session) and wait until it is gone, then free its arenas and folder."""
         if self.pid:
-            self.zygote.end(self.pid)
+            self.kill()
+            self.zygote.wait(self.pid, 30.0)
             self.channel.close()
             self.pid = 0
         for slot, arena in self.arenas.items():
