@@ -91,7 +91,7 @@ def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
     summary["build_steps_s"] = build_steps(work / "cache")
     print(f"[ours] build steps, median seconds: {summary['build_steps_s']}", flush=True)
     with open(args.out / "ours.jsonl", "w") as out:
-        for mode in MODES:
+        for mode in args.modes.split(","):
             stages: dict[str, dict] = {}  # where each candidate's GPU time went
             api.FACTS_SINK = lambda cid, facts, into=stages: into.__setitem__(cid, facts.get("stage_s"))
             t0 = time.perf_counter()
@@ -281,7 +281,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--problems", type=int, default=0, help="this many problems, spread evenly (0: all)")
     parser.add_argument("--parts", default="ours,kernelbench,report", help="any of ours, kernelbench, report")
-    parser.add_argument("--workers", type=int, default=8, help="our contestants per GPU")
+    parser.add_argument("--modes", default=",".join(MODES), help="our modes to run, of " + ",".join(MODES))
+    parser.add_argument("--workers", type=int, default=16, help="our contestants per GPU")
     parser.add_argument("--build-workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--node-cores", type=int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
