@@ -213,11 +213,11 @@ def report(cands: list[dict], args: argparse.Namespace) -> dict:
 def stage_seconds(ours: pd.DataFrame) -> dict:
     """GPU-seconds per candidate in each stage of our jobs, per mode ("setup.*" and "correctness.fp64" are parts of
     "setup" and "correctness": where setting up a task's reference, and the float64 check, go)."""
-    found = {}
-    for mode in MODES:
-        part = ours[ours["mode"] == mode] if "stage_s" in ours else ours.iloc[0:0]
+    found: dict[str, dict] = {}
+    for mode in MODES if "stage_s" in ours else ():
+        part = ours[ours["mode"] == mode]
         totals: dict[str, float] = {}
-        for stages in part.get("stage_s", []):
+        for stages in part["stage_s"]:
             for name, seconds in (stages or {}).items():
                 totals[name] = totals.get(name, 0.0) + seconds
         if totals:

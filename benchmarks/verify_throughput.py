@@ -30,7 +30,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 from verify_cuda_solutions import solution  # noqa: E402
 
 from concur import contracts  # noqa: E402
-from concur.verify import api, compile_frame, normalize_settings, timing, verify_frame  # noqa: E402
+from concur.verify import api, compile_frame, normalize_settings, verify_frame  # noqa: E402
 
 TASKS = {"relu_add": "task_relu_add.py", "gemm_bias_relu": "task_gemm_bias_relu.py"}
 MIX = [
@@ -214,7 +214,7 @@ def repeat_speedups(variant, candidates, builds, tasks, settings, work, repeats)
         speedups.append(float(row["speedup"]))  # hardened: ratio of medians; kernelbench: of means
         mean_speedups.append(float(row["ref_ms"] / row["new_ms"]))
         timed = facts[0].get("timing", {}) if facts else {}
-        if timed.get("batch_ms"):
+        if timed.get("per_call_ms"):
             forward_speedups.append(forward_only(timed))
         rows.append(
             {
@@ -238,12 +238,8 @@ def repeat_speedups(variant, candidates, builds, tasks, settings, work, repeats)
 def forward_only(timed: dict) -> float:
     """The speedup the batches' forward times alone give, the hand-offs left out (what the hand-off rule adds to the
     spread is the difference between the two CVs)."""
-    raw, calls = timed["batch_ms"], timed["calls_per_batch"]
-    ref, new = (
-        statistics.median(timing.per_call_ms(f, raw["overhead"], calls) for f in raw[s]["forward"])
-        for s in ("ref", "new")
-    )
-    return ref / new
+    forward = timed["per_call_ms"]  # each batch's forward time per call, the round trip taken off
+    return statistics.median(forward["ref"]) / statistics.median(forward["new"])
 
 
 def copies(frame: pd.DataFrame, k: int) -> pd.DataFrame:
