@@ -1,11 +1,12 @@
-"""How fast a GPU referee's pool of contestants gets going, by how many of them start at once (referee.STARTING).
+"""How a GPU referee's pool of contestants keeps up with its jobs, by the pool's size (`verify.workers`).
 
-Each setting runs in a fresh process: a referee of the hardened kind (CUDA, CUPTI started in every contestant) with a
-pool of `--workers`, then `--takes` jobs simulated one every `--every` seconds, the first half of each spent with the
-pool stopped as timing stops it (`quiet`). Printed per setting: how long the first contestant took to be ready (what
-the first job waits), the wait of later takes (mean and max), and when the pool was first full and ready.
+The whole pool starts at once, each contestant on the spare cores (a CUDA context, and CUPTI in hardened mode: seconds
+of CPU each). Each size runs in a fresh process: a referee of the hardened kind, then `--takes` jobs simulated one
+every `--every` seconds, the first half of each with the pool stopped as timing stops it (`quiet`). Printed per size:
+the referee's start, what the first take waited (the first job), and the waits of later takes (mean and max: a pool
+that runs dry makes a job wait a whole start).
 
-    python benchmarks/contestant_start.py --starting 2,4,16
+    python benchmarks/contestant_start.py --workers 4,8,16
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
-def one_setting(starting: int, workers: int, takes: int, every: float, profiler: bool, device: str) -> dict:
-    from concur.verify import referee as referee_module
+def one_setting(workers: int, takes: int, every: float, profiler: bool, device: str) -> dict:
+    from concur.verify.referee import Referee
 
-    referee_module.STARTING = starting
     work = tempfile.mkdtemp(prefix="contestant-start-")
     hello = {
         "device": device,
@@ -39,9 +39,9 @@ def one_setting(starting: int, workers: int, takes: int, every: float, profiler:
         "cpus": sorted(os.sched_getaffinity(0)),
     }
     begin = time.perf_counter()
-    referee = referee_module.Referee(hello)
+    referee = Referee(hello)
     made = time.perf_counter() - begin
-    waits, full_at = [], None
+    waits = []
     try:
         for _ in range(takes):
             asked = time.perf_counter()
@@ -52,17 +52,14 @@ def one_setting(starting: int, workers: int, takes: int, every: float, profiler:
             time.sleep(every / 2)
             referee.dismiss(runner)
             referee.refill()
-            if full_at is None and len(referee.pool) == workers and all(r.started() for r in referee.pool):
-                full_at = time.perf_counter() - begin
     finally:
         referee.close()
-    return {"starting": starting, "referee_s": made, "waits": waits, "full_at_s": full_at}
+    return {"workers": workers, "referee_s": made, "waits": waits}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--starting", type=lambda text: [int(x) for x in text.split(",")], default=[2, 4, 16])
-    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--workers", type=lambda text: [int(x) for x in text.split(",")], default=[4, 8, 16])
     parser.add_argument("--takes", type=int, default=20)
     parser.add_argument("--every", type=float, default=0.7, help="seconds between takes (a job, half of it timed)")
     parser.add_argument("--no-profiler", action="store_true", help="kernelbench-mode contestants (no CUPTI)")
@@ -71,27 +68,25 @@ def main() -> None:
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        found = one_setting(args.one, args.workers, args.takes, args.every, not args.no_profiler, args.device)
+        found = one_setting(args.one, args.takes, args.every, not args.no_profiler, args.device)
         print(json.dumps(found))
         return
     results = []
-    for starting in args.starting:
-        cmd = [sys.executable, __file__, "--one", str(starting), "--workers", str(args.workers)]
+    for workers in args.workers:
+        cmd = [sys.executable, __file__, "--one", str(workers)]
         cmd += ["--takes", str(args.takes), "--every", str(args.every), "--device", args.device]
         cmd += ["--no-profiler"] * args.no_profiler
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
         results.append(json.loads(done.stdout.splitlines()[-1]))
-        print(f"starting {starting}: {json.dumps(results[-1])}", file=sys.stderr, flush=True)
-    print(f"pool of {args.workers}, a take every {args.every} s, {args.takes} takes, profiler {not args.no_profiler}")
-    print(
-        f"{'starting':>9}{'referee s':>11}{'first take s':>14}{'later mean s':>14}{'later max s':>13}{'full at s':>11}"
-    )
+        print(f"workers {workers}: {json.dumps(results[-1])}", file=sys.stderr, flush=True)
+    print(f"a take every {args.every} s, {args.takes} takes, profiler {not args.no_profiler}")
+    heads = [("workers", 8), ("referee s", 11), ("first take s", 14), ("later mean s", 14), ("later max s", 13)]
+    print("".join(f"{name:>{width}}" for name, width in heads))
     for r in results:
         later = r["waits"][1:] or [0.0]
-        full = f"{r['full_at_s']:.1f}" if r["full_at_s"] is not None else "never"
         print(
-            f"{r['starting']:>9}{r['referee_s']:>11.2f}{r['waits'][0]:>14.2f}{statistics.fmean(later):>14.3f}"
-            f"{max(later):>13.3f}{full:>11}"
+            f"{r['workers']:>8}{r['referee_s']:>11.2f}{r['waits'][0]:>14.2f}{statistics.fmean(later):>14.3f}"
+            f"{max(later):>13.3f}"
         )
     if args.out:
         args.out.write_text(json.dumps(results))

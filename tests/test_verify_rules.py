@@ -480,48 +480,6 @@ def test_the_pool_stands_still_while_a_side_is_timed():
             child.wait()
 
 
-def test_the_pool_starts_a_few_contestants_at_a_time():
-    """All of a pool of 16 started at once kept the first job waiting 9 s (each start takes seconds of CPU): at most
-    STARTING start together, more as they get ready; one that died while starting is replaced, not handed out."""
-    from collections import deque
-    from types import SimpleNamespace
-
-    from concur.verify import referee as referee_module
-    from concur.verify.runner import RunnerFailed
-
-    class Fake:
-        def __init__(self):
-            self.ready, self.dead, self.ended = False, False, False
-
-        def started(self):
-            if self.dead:
-                raise RunnerFailed("crash", "start", "died")
-            return self.ready
-
-        def end(self):
-            self.ended = True
-
-    made = []
-    referee = SimpleNamespace(pool=deque(), workers=16)
-    referee.spawn = lambda memory_mb, max_processes: made.append(Fake()) or made[-1]
-    refill = lambda: referee_module.Referee.refill(referee)  # noqa: E731
-    refill()
-    assert len(referee.pool) == referee_module.STARTING
-    refill()  # none ready yet: nothing more
-    assert len(made) == referee_module.STARTING
-    made[0].ready, made[1].dead = True, True
-    refill()
-    assert made[1] not in referee.pool and made[1].ended
-    assert sum(not r.ready for r in referee.pool) == referee_module.STARTING
-    for runner in made:
-        runner.ready = not runner.dead
-    for _ in range(10):
-        refill()
-        for runner in referee.pool:
-            runner.ready = True
-    assert len(referee.pool) == 16
-
-
 def test_cpu_time_is_read_to_the_microsecond_over_short_windows():
     """Twenty windows of a few milliseconds of one busy thread add up to about one core: tick-rounded readings of
     /proc summed over such windows had read a one-thread loop as 1.9 cores."""

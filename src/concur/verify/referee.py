@@ -24,12 +24,9 @@ from pathlib import Path
 from concur.verify import exchange, procs, sandbox
 from concur.verify.build import describe
 from concur.verify.reference import CallFailed
-from concur.verify.runner import Runner, RunnerFailed
+from concur.verify.runner import Runner
 
 SPIN_S = 0.2  # timed replies are awaited without sleeping, on cores of the referee's own (procs.Channel.recv)
-# Contestants starting at once. Each start (CUDA context, CUPTI) takes seconds of CPU: all of a pool of 16 started
-# together kept the first job waiting 9 s for its first one; a few at a time keep up with jobs (benchmarks/README.md).
-STARTING = 4
 
 
 def split_cores(cpus: list[int] | None, threads: int) -> tuple[list[int], list[int]]:
@@ -99,18 +96,8 @@ class Referee:
         )
 
     def refill(self, memory_mb: int = 16384, max_processes: int = 64) -> None:
-        """Top the pool up to `workers` contestants, at most STARTING of them starting at once; one that died while
-        starting is dropped (its place refilled, no candidate's verdict touched)."""
-        starting = 0
-        for runner in list(self.pool):
-            try:
-                starting += not runner.started()
-            except RunnerFailed:
-                self.pool.remove(runner)
-                runner.end()
-        while len(self.pool) < self.workers and starting < STARTING:
+        while len(self.pool) < self.workers:
             self.pool.append(self.spawn(memory_mb, max_processes))
-            starting += 1
 
     @contextlib.contextmanager
     def quiet(self):
@@ -138,7 +125,6 @@ class Referee:
     def take(self, memory_mb: int, max_processes: int) -> Runner:
         self.settle()
         runner = self.pool.popleft() if self.pool else self.spawn(memory_mb, max_processes)
-        self.refill()  # its successor starts while it works
         runner.memory_kb, runner.max_processes = memory_mb * 1024, max_processes
         runner.ready()
         if self.active:

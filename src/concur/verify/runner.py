@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import select
 import shutil
 from pathlib import Path
 
@@ -100,12 +99,6 @@ class Runner:
                 raise RunnerFailed("crash", "start", reply.get("error", "contestant did not start"))
             self.sandbox = reply["sandbox"]
             self.startup_s = float(reply.get("startup_s") or 0.0)
-
-    def started(self) -> bool:
-        """Whether it has made its CUDA context, without waiting: its `ready` is read if it has arrived."""
-        if self.sandbox is None and select.select([self.channel.fileno()], [], [], 0)[0]:
-            self.ready()
-        return self.sandbox is not None
 
     def ask(
         self, message: dict, stage: str, timeout: float, fds: list[int] = (), send: bool = True, spin: bool = False
