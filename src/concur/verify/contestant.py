@@ -153,19 +153,31 @@ class Contestant:
         return {"ok": True}
 
     def go(self, msg: dict) -> dict:
-        """Run forward on each prepared call, keep the outputs, then wait for the whole device: the timed part."""
+        """Run forward on each prepared call, keep the outputs, then wait for the whole device: the timed part.
+        `own_clock`: the batch by this process's own clocks (wall, and CUDA events on its current stream), where the
+        referee's clock spends its time: for benchmarks only, since a candidate's process could forge it."""
         import torch
 
         calls_before = self.loader.kernel_calls if self.loader else 0
         model = self.model64 if self.fp64 else self.model
         prepared, self.prepared = self.prepared, []
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.device.type == "cuda" else []
+        begin = time.perf_counter()
+        if events:
+            events[0].record()
         with torch.no_grad():
             for args, seed in prepared:
                 if seed is not None:
                     torch.manual_seed(int(seed))
                 self.pending.append(leaves(model(*args)))
+        if events:
+            events[1].record()
         self._sync()
-        return {"ok": True, "kernel_calls": (self.loader.kernel_calls if self.loader else 0) - calls_before}
+        own = {"wall_ms": 1000.0 * (time.perf_counter() - begin)}
+        if events:
+            own["events_ms"] = events[0].elapsed_time(events[1])
+        calls = (self.loader.kernel_calls if self.loader else 0) - calls_before
+        return {"ok": True, "kernel_calls": calls, "own_clock": own}
 
     def outs(self, msg: dict) -> dict:
         """dtype and shape of every kept output."""

@@ -26,7 +26,7 @@ def time_reference(referee, task, settings) -> dict:
     """Warm up, then timed batches of fresh secret inputs until the reference has run `timing_min_s`; keeps each
     batch's seeds, forward and hand-off times and a secret sample of checked outputs."""
     calls = task.calls
-    plan = {"calls": calls, "batches": [], "forward": [], "handoff": [], "samples": []}
+    plan = {"calls": calls, "batches": [], "forward": [], "handoff": [], "samples": [], "own_clock": []}
     ask = lambda m, s, t=600.0, spin=False: ref_ask(task, m, s, t, spin)  # noqa: E731
     with reference_side(), referee.quiet():
         warm_up(referee, task, task.runner, calls, settings, ask)
@@ -43,6 +43,7 @@ def time_reference(referee, task, settings) -> dict:
             plan["batches"].append(seeds)
             plan["forward"].append(batch["forward_ms"])
             plan["handoff"].append(1000.0 * handoff_s)
+            plan["own_clock"].append(batch["own_clock"])
     plan["per_call"] = timing.per_call_times(plan["forward"], task.overhead_ms, calls)
     return plan
 
@@ -80,7 +81,16 @@ def timed_batch(referee, task, runner, seeds, ask) -> dict:
         "values": values,
         "cpu_s": cpu_s,
         "kernel_calls": reply.get("kernel_calls", 0),
+        "own_clock": own_clock(reply),
     }
+
+
+def own_clock(reply: dict) -> dict:
+    """The contestant's own reading of a batch (benchmarks only: a candidate could forge it), numbers kept only."""
+    found = reply.get("own_clock")
+    if not isinstance(found, dict):
+        return {}
+    return {k: float(v) for k, v in found.items() if k in ("wall_ms", "events_ms") and isinstance(v, (int, float))}
 
 
 def answered(reply: dict) -> dict:
@@ -113,7 +123,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     torch = referee.torch
     calls = plan["calls"]
     ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, limit(deadline, t), spin=spin)  # noqa: E731
-    forward, handoffs, cpu_s = [], [], []
+    forward, handoffs, cpu_s, own = [], [], [], []
     timed = {"calls": 0, "mismatch": None, "mutated": []}
     reference = timing.summary(plan["per_call"])
     with referee.quiet():
@@ -131,6 +141,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                 candidate, batch["metas"], "timing", limit(deadline, call_timeout(task, calls))
             )
             forward.append(batch["forward_ms"])
+            own.append(batch["own_clock"])
             handoffs.append(1000.0 * handoff_s)
             cpu_s.append(batch["cpu_s"])
             timed["calls"] += calls
@@ -162,6 +173,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                 "ref": {"forward": plan["forward"], "handoff": plan["handoff"]},
                 "new": {"forward": forward, "handoff": handoffs},
                 "overhead": task.overhead_ms,
+                "own_clock": {"ref": plan["own_clock"], "new": own},  # the processes' own, for benchmarks
             },
             "deferred": timing.deferred(handoffs, plan["handoff"], forward),
             # over all batches together (where the CPU clock is read in ticks, one short batch is too coarse)
