@@ -84,6 +84,15 @@ def test_work_after_the_reply_is_wrong_or_counted(verdicts):
     assert row["status"] == "incorrect" or (row["status"] == "correct" and "timing:deferred_work" in row["flags"])
 
 
+def test_work_started_before_the_clock_is_counted(verdicts):
+    """work_in_prepare computes every output in the harness's `prepare`, where the inputs are already staged, and
+    returns them at once when timed: the prepare's excess over the reference's is its time."""
+    table = verdicts[0]
+    early, honest = table.loc["work_in_prepare"], table.loc["honest"]
+    assert early["status"] == "correct", early["reason"]
+    assert early["speedup"] < 1.5 * honest["speedup"], (early["speedup"], honest["speedup"])
+
+
 def test_kernels_that_do_not_do_the_work_are_rejected(verdicts):
     assert status(verdicts, "ghost") == (
         "rejected", "check:replaced_nothing: ModelNew still runs every operator the reference runs (4)")  # fmt: skip

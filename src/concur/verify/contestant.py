@@ -338,8 +338,9 @@ def serve(channel, spec: dict, sandbox: str) -> int:
         os._exit(1)
     spin_s, op = float(spec.get("spin_s") or 0.0), None
     while True:
-        try:  # the timed commands (`go` after `prepare`, `handoff` after `outs`) come at once: wait without sleeping
-            msg, fds = channel.recv(spin_s=spin_s if op in ("prepare", "outs") else 0.0)
+        try:  # the timed commands (`prepare` after the last batch's `handoff` or `drop`, `go` after `prepare`,
+            # `handoff` after `outs`) come soon: wait without sleeping
+            msg, fds = channel.recv(spin_s=spin_s if op in ("handoff", "drop", "prepare", "outs") else 0.0)
         except procs.ChannelClosed:
             break
         op = msg.get("op")

@@ -26,7 +26,7 @@ def time_reference(referee, task, settings) -> dict:
     """Warm up, then timed batches of fresh secret inputs until the reference has run `timing_min_s`; keeps each
     batch's seeds, forward and hand-off times and a secret sample of checked outputs."""
     calls = task.calls
-    plan = {"calls": calls, "batches": [], "forward": [], "handoff": [], "samples": [], "own_clock": []}
+    plan = {"calls": calls, "batches": [], "forward": [], "handoff": [], "prepare": [], "samples": [], "own_clock": []}
     ask = lambda m, s, t=600.0, spin=False: ref_ask(task, m, s, t, spin)  # noqa: E731
     with reference_side(), referee.quiet():
         warm_up(referee, task, task.runner, calls, settings, ask)
@@ -43,6 +43,7 @@ def time_reference(referee, task, settings) -> dict:
             plan["batches"].append(seeds)
             plan["forward"].append(batch["forward_ms"])
             plan["handoff"].append(1000.0 * handoff_s)
+            plan["prepare"].append(batch["prepare_ms"])
             plan["own_clock"].append(batch["own_clock"])
     plan["per_call"] = timing.per_call_times(plan["forward"], task.overhead_ms, calls)
     return plan
@@ -67,7 +68,9 @@ def timed_batch(referee, task, runner, seeds, ask) -> dict:
     specs = referee.stage(runner, values, "timing")
     referee.flush()
     calls = [{"args": sp, "seed": s if task.stochastic else None} for sp, s in zip(specs, seeds)]
-    answered(ask({"op": "prepare", "calls": calls}, "timing", 60.0))
+    begin = time.perf_counter()  # the inputs are in the arena already: work started here is timed too
+    answered(ask({"op": "prepare", "calls": calls}, "timing", 60.0, spin=True))
+    prepare_ms = 1000.0 * (time.perf_counter() - begin)
     cpu = procs.cpu_seconds(runner.pid)
     begin = time.perf_counter()
     reply = answered(ask({"op": "go"}, "timing", call_timeout(task, len(seeds)), spin=True))
@@ -76,6 +79,7 @@ def timed_batch(referee, task, runner, seeds, ask) -> dict:
     metas = answered(ask({"op": "outs"}, "timing", 60.0))["outs"]
     return {
         "forward_ms": 1000.0 * forward_s,
+        "prepare_ms": prepare_ms,
         "metas": metas,
         "specs": specs,
         "values": values,
@@ -123,7 +127,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     torch = referee.torch
     calls = plan["calls"]
     ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, limit(deadline, t), spin=spin)  # noqa: E731
-    forward, handoffs, cpu_s, own = [], [], [], []
+    forward, handoffs, prepares, cpu_s, own = [], [], [], [], []
     timed = {"calls": 0, "mismatch": None, "mutated": []}
     reference = timing.summary(plan["per_call"])
     with referee.quiet():
@@ -141,6 +145,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                 candidate, batch["metas"], "timing", limit(deadline, call_timeout(task, calls))
             )
             forward.append(batch["forward_ms"])
+            prepares.append(batch["prepare_ms"])
             own.append(batch["own_clock"])
             handoffs.append(1000.0 * handoff_s)
             cpu_s.append(batch["cpu_s"])
@@ -156,7 +161,9 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                     if j not in timed["mutated"]
                 ]
             per_call = timing.per_call_times(forward, task.overhead_ms, calls)
-            excess = timing.handoff_excess_ms(handoffs, plan["handoff"], calls)
+            excess = timing.excess_ms(handoffs, plan["handoff"], calls) + timing.excess_ms(
+                prepares, plan["prepare"], calls
+            )
             if timed["mismatch"] or timing.candidate_done(
                 per_call, calls, float(settings["timing_min_s"]), reference["median_ms"], excess
             ):
@@ -166,12 +173,16 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
         per_call = timing.per_call_times(forward, task.overhead_ms, calls)
         facts["timing"] = {
             "ref": reference,
-            "new": timing.summary(per_call, timing.handoff_excess_ms(handoffs, plan["handoff"], calls)),
+            "new": timing.summary(
+                per_call,
+                timing.excess_ms(handoffs, plan["handoff"], calls),
+                timing.excess_ms(prepares, plan["prepare"], calls),
+            ),
             "calls_per_batch": calls,
             "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # forward, of every batch: for benchmarks
             "batch_ms": {  # the referee's raw clock readings of every batch, and the round trip taken off them
-                "ref": {"forward": plan["forward"], "handoff": plan["handoff"]},
-                "new": {"forward": forward, "handoff": handoffs},
+                "ref": {"forward": plan["forward"], "handoff": plan["handoff"], "prepare": plan["prepare"]},
+                "new": {"forward": forward, "handoff": handoffs, "prepare": prepares},
                 "overhead": task.overhead_ms,
                 "own_clock": {"ref": plan["own_clock"], "new": own},  # the processes' own, for benchmarks
             },
