@@ -84,9 +84,12 @@ def test_work_after_the_reply_is_wrong_or_counted(verdicts):
     assert row["status"] == "incorrect" or (row["status"] == "correct" and "timing:deferred_work" in row["flags"])
 
 
+@pytest.mark.xfail(strict=True, reason="open: work started in `prepare`, before the clock (docs/verifier.md)")
 def test_work_started_before_the_clock_is_counted(verdicts):
     """work_in_prepare computes every output in the harness's `prepare`, where the inputs are already staged, and
-    returns them at once when timed: the prepare's excess over the reference's is its time."""
+    returns them at once when timed. Counting the prepare's excess over the reference's stopped it (1.17x the honest
+    speedup on the CPU, 1.87x without), but on an H100 the same step varied 0.9-1.4 ms a batch from process to
+    process and took a fast kernel's speedup CV to 12 %: not kept, the hole stays open."""
     table = verdicts[0]
     early, honest = table.loc["work_in_prepare"], table.loc["honest"]
     assert early["status"] == "correct", early["reason"]

@@ -68,7 +68,7 @@ def timed_batch(referee, task, runner, seeds, ask) -> dict:
     specs = referee.stage(runner, values, "timing")
     referee.flush()
     calls = [{"args": sp, "seed": s if task.stochastic else None} for sp, s in zip(specs, seeds)]
-    begin = time.perf_counter()  # the inputs are in the arena already: work started here is timed too
+    begin = time.perf_counter()  # recorded, not counted (docs/verifier.md: work started here, before the clock)
     answered(ask({"op": "prepare", "calls": calls}, "timing", 60.0, spin=True))
     prepare_ms = 1000.0 * (time.perf_counter() - begin)
     cpu = procs.cpu_seconds(runner.pid)
@@ -161,9 +161,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                     if j not in timed["mutated"]
                 ]
             per_call = timing.per_call_times(forward, task.overhead_ms, calls)
-            excess = timing.excess_ms(handoffs, plan["handoff"], calls) + timing.excess_ms(
-                prepares, plan["prepare"], calls
-            )
+            excess = timing.excess_ms(handoffs, plan["handoff"], calls)
             if timed["mismatch"] or timing.candidate_done(
                 per_call, calls, float(settings["timing_min_s"]), reference["median_ms"], excess
             ):
@@ -173,11 +171,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
         per_call = timing.per_call_times(forward, task.overhead_ms, calls)
         facts["timing"] = {
             "ref": reference,
-            "new": timing.summary(
-                per_call,
-                timing.excess_ms(handoffs, plan["handoff"], calls),
-                timing.excess_ms(prepares, plan["prepare"], calls),
-            ),
+            "new": timing.summary(per_call, timing.excess_ms(handoffs, plan["handoff"], calls)),
             "calls_per_batch": calls,
             "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # forward, of every batch: for benchmarks
             "batch_ms": {  # the referee's raw clock readings of every batch, and the round trip taken off them

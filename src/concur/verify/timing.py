@@ -5,13 +5,11 @@ by a device-wide synchronisation; the referee's clock runs from sending the batc
 batch lasts a few milliseconds, so the message round trip (measured on the reference's process and subtracted from
 both) is a small share of it. The outputs then move to the referee in a separate, also timed, hand-off: work a
 candidate defers past its reply shows up there, and whatever its median hand-off takes beyond the reference's (and
-SLACK of it) is added to its time. The `prepare` before each batch (views of the inputs, already staged in the
-arena) is timed and counted the same way: work a candidate's process starts there, before the clock, is its time.
-Medians, not batch by batch: a batch's forward and hand-off move together when work shifts from one to the other, so
-the sum of their medians counts it whole, while the noise of single hand-offs does not pile up on one side. The
-reference is timed first, before the candidate's code is loaded, until it has run `timing_min_s` (at least
-MIN_BATCHES batches); the candidate then replays the same batches, stopping early once it is clearly slower than
-eager. Speedup: the ratio of the medians of per-call times.
+SLACK of it) is added to its time. Medians, not batch by batch: a batch's forward and hand-off move together when
+work shifts from one to the other, so the sum of their medians counts it whole, while the noise of single hand-offs
+does not pile up on one side. The reference is timed first, before the candidate's code is loaded, until it has run
+`timing_min_s` (at least MIN_BATCHES batches); the candidate then replays the same batches, stopping early once it
+is clearly slower than eager. Speedup: the ratio of the medians of per-call times.
 """
 
 from __future__ import annotations
@@ -28,11 +26,10 @@ SLOWER_STOP = 3.0  # the candidate stops once its median per-call time exceeds t
 SLOWER_MIN_BATCHES = 3
 FLOOR_MS = 1e-6
 DEFERRED_SHARE, DEFERRED_FLOOR_MS = 0.25, 0.02  # a hand-off this much slower than the reference's is flagged
-# What the median hand-off (or prepare) may exceed the reference's by before the excess counts: medians of the same
-# copy in two stretches of one run differ by 5-12 % (GPU drift; H100, 21 calls of 64 MB), and where the copy takes
-# as long as the forward that alone put 2 points on the speedup's CV. It is also what a deferring kernel could hide:
-# 5 % of a copy, at most 5 % of its time where its outputs take as long to copy as to compute, next to nothing
-# otherwise.
+# What the median hand-off may exceed the reference's by before the excess counts: medians of the same copy in two
+# stretches of one run differ by 5-12 % (GPU drift; H100, 21 calls of 64 MB), and where the copy takes as long as
+# the forward that alone put 2 points on the speedup's CV. It is also what a deferring kernel could hide: 5 % of a
+# copy, at most 5 % of its time where its outputs take as long to copy as to compute, next to nothing otherwise.
 SLACK = 0.05
 
 
@@ -53,10 +50,9 @@ def per_call_times(forward_ms: list[float], overhead_ms: float, calls: int) -> l
 
 
 def excess_ms(step_ms: list[float], reference_step_ms: list[float], calls: int) -> float:
-    """Per call, what the candidate's median untimed step around a batch (its hand-off, its prepare) took beyond
-    the reference's median of the same step on the same bytes, and SLACK of it. With f_i + h_i fixed per batch,
-    median(f) + median(h) is fixed too, so moving work into the step in some batches only gains nothing; a step
-    faster than the reference's earns no credit."""
+    """Per call, what the candidate's median hand-off took beyond the reference's median hand-off of the same bytes,
+    and SLACK of it. With f_i + h_i fixed per batch, median(f) + median(h) is fixed too, so deferring work in some
+    batches only gains nothing; a hand-off faster than the reference's earns no credit."""
     if not step_ms or not reference_step_ms:
         return 0.0
     allowed = (1.0 + SLACK) * statistics.median(reference_step_ms)
@@ -88,17 +84,14 @@ def warm_already(call_s: list[float], budget_s: float) -> bool:
     return bool(call_s) and min(call_s) >= max(WARMUP_MIN_S, budget_s)
 
 
-def summary(per_call: list[float], handoff_excess_ms: float = 0.0, prepare_excess_ms: float = 0.0) -> dict:
-    """Per-call mean and median over the batches, the excess of hand-off and prepare (per call) added; cv: of the
-    forward times."""
+def summary(per_call: list[float], excess_ms: float = 0.0) -> dict:
+    """Per-call mean and median over the batches, the hand-off excess (per call) added; cv: of the forward times."""
     mean = statistics.fmean(per_call)
     spread = statistics.pstdev(per_call) / mean if len(per_call) > 1 and mean > 0 else 0.0
-    excess = handoff_excess_ms + prepare_excess_ms
     return {
-        "mean_ms": mean + excess,
-        "median_ms": statistics.median(per_call) + excess,
-        "handoff_excess_ms": handoff_excess_ms,
-        "prepare_excess_ms": prepare_excess_ms,
+        "mean_ms": mean + excess_ms,
+        "median_ms": statistics.median(per_call) + excess_ms,
+        "handoff_excess_ms": excess_ms,
         "cv": spread,
         "batches": len(per_call),
     }
