@@ -177,14 +177,14 @@ def test_batch_size_fills_a_few_milliseconds_within_memory():
 def test_work_deferred_to_the_hand_off_is_counted():
     reference = [0.10] * 10
     honest = timing.summary(
-        timing.per_call_times([1.0] * 10, overhead_ms=0.2, calls=4), timing.excess_ms([0.10] * 10, reference, 4)
+        timing.per_call_times([1.0] * 10, overhead_ms=0.2, calls=4), timing.handoff_excess_ms([0.10] * 10, reference, 4)
     )
     assert honest["median_ms"] == pytest.approx(0.2)
     # replied early (forward 0.3 ms) and finished the work in the hand-off (1.0 ms): the excess is its time
     cheat = timing.summary(
-        timing.per_call_times([0.3] * 10, overhead_ms=0.2, calls=4), timing.excess_ms([1.0] * 10, reference, 4)
+        timing.per_call_times([0.3] * 10, overhead_ms=0.2, calls=4), timing.handoff_excess_ms([1.0] * 10, reference, 4)
     )
-    allowed = (1 + timing.SLACK) * 0.10  # the hand-off's own drift between two stretches
+    allowed = (1 + timing.HANDOFF_SLACK) * 0.10  # the hand-off's own drift between two stretches
     assert cheat["median_ms"] == pytest.approx((0.3 - 0.2 + 1.0 - allowed) / 4)
     assert timing.deferred([1.0] * 10, reference, [0.3] * 10)
     assert not timing.deferred([0.101] * 10, reference, [1.0] * 10)
@@ -200,10 +200,10 @@ def test_deferring_in_some_batches_only_gains_nothing(share):
     rng.shuffle(moved)
     forward = [honest_forward - m for m in moved]
     handoffs = [handoff + m for m in moved]
-    got = timing.summary(timing.per_call_times(forward, 0.2, 4), timing.excess_ms(handoffs, [handoff] * n, 4))[
+    got = timing.summary(timing.per_call_times(forward, 0.2, 4), timing.handoff_excess_ms(handoffs, [handoff] * n, 4))[
         "median_ms"
     ]
-    assert got >= (honest_forward - 0.2 - timing.SLACK * handoff) / 4 - 1e-12
+    assert got >= (honest_forward - 0.2 - timing.HANDOFF_SLACK * handoff) / 4 - 1e-12
 
 
 def test_hand_off_noise_is_not_piled_onto_the_candidate():
@@ -212,7 +212,7 @@ def test_hand_off_noise_is_not_piled_onto_the_candidate():
     rng = random.Random(3)
     reference = [0.5 * (1 + rng.gauss(0, 0.05)) for _ in range(20)]
     candidate = [0.5 * (1 + rng.gauss(0, 0.05)) for _ in range(20)]
-    excess = timing.excess_ms(candidate, reference, calls=1)
+    excess = timing.handoff_excess_ms(candidate, reference, calls=1)
     per_batch = statistics.fmean(max(0.0, h - statistics.median(reference)) for h in candidate)
     assert excess < 0.5 * per_batch
 

@@ -161,7 +161,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                     if j not in timed["mutated"]
                 ]
             per_call = timing.per_call_times(forward, task.overhead_ms, calls)
-            excess = timing.excess_ms(handoffs, plan["handoff"], calls)
+            excess = timing.handoff_excess_ms(handoffs, plan["handoff"], calls)
             if timed["mismatch"] or timing.candidate_done(
                 per_call, calls, float(settings["timing_min_s"]), reference["median_ms"], excess
             ):
@@ -171,7 +171,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
         per_call = timing.per_call_times(forward, task.overhead_ms, calls)
         facts["timing"] = {
             "ref": reference,
-            "new": timing.summary(per_call, timing.excess_ms(handoffs, plan["handoff"], calls)),
+            "new": timing.summary(per_call, timing.handoff_excess_ms(handoffs, plan["handoff"], calls)),
             "calls_per_batch": calls,
             "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # forward, of every batch: for benchmarks
             "batch_ms": {  # the referee's raw clock readings of every batch, and the round trip taken off them
