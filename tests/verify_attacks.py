@@ -218,8 +218,8 @@ def _fill(out, x, y, scale):
 """,
         "out = torch.empty_like(x)\n_thread.start_new_thread(_fill, (out, x, y, self.scale))\nreturn ext.noop(out)",
     ),
-    # computes in the harness's `prepare`, before the referee's clock starts (the inputs are staged by then), and
-    # returns the results at once when timed (through its no-op kernel, so the extension is called)
+    # computes in the harness's `prepare`, before the referee's clock starts, on what its views of the arena show
+    # then, and returns the results at once when timed (through its no-op kernel, so the extension is called)
     "work_in_prepare": (
         """
 _early = []
@@ -227,7 +227,7 @@ _harness = __import__("sys").modules["concur.verify." + "contestant"].Contestant
 _prepare = getattr(_harness, "prep" + "are")
 def _ahead(self, msg):
     reply = _prepare(self, msg)
-    _early[:] = [ext.relu_add(args[0], args[1], self.model.scale) for args, _ in self.prepared]
+    _early[:] = [ext.relu_add(args[0], args[1], self.model.scale) for args in self.prepared]
     return reply
 setattr(_harness, "prep" + "are", _ahead)
 """,

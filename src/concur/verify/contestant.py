@@ -72,6 +72,7 @@ class Contestant:
         self.pending: list[list] = []
         self.prepared: list = []
         self.fp64 = False
+        self.received_at = 0.0  # when the command being answered arrived (the system's monotonic clock)
         self.guarded = guarded()
         torch.set_num_threads(max(1, int(spec.get("threads", 1))))
         start = time.perf_counter()
@@ -134,9 +135,10 @@ class Contestant:
         return {"ok": True}
 
     def prepare(self, msg: dict) -> dict:
-        """The arguments of the next calls, as views of the input arena (made before the referee's clock starts),
-        and a one-element kernel: the switch of GPU context after the referee's staging and flush (0.2 ms per batch
-        on an H100) then falls outside the timed window. A candidate that skips it pays the switch in its own time."""
+        """The arguments of the next calls, as views of the input arena, made before the referee's clock starts; a
+        timed batch's inputs are written into the arena only after this reply, with the clock running. Then a
+        one-element kernel, so the GPU holds this process's context before the referee's writes (the switch back
+        after them is part of the round trip subtracted from both sides)."""
         import torch
 
         self.prepared, self.fp64 = [], bool(msg.get("fp64"))
@@ -146,34 +148,39 @@ class Contestant:
                 args = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
             elif self.cast is not None:
                 args = [self._cast(a) for a in args]
-            self.prepared.append((args, entry.get("seed")))
-        if self.device.type == "cuda":  # the GPU switches from the referee's context to this one before the clock
+            self.prepared.append(args)
+        if self.device.type == "cuda":
             torch.ones(1, device=self.device).add_(1)
             self._sync()
         return {"ok": True}
 
     def go(self, msg: dict) -> dict:
-        """Run forward on each prepared call, keep the outputs, then wait for the whole device: the timed part.
-        `own_clock`: the batch by this process's own clocks (wall, and CUDA events on its current stream), where the
-        referee's clock spends its time: for benchmarks only, since a candidate's process could forge it."""
+        """Run forward on each prepared call, each seeded first where `seeds` says (stochastic tasks), keep the
+        outputs, then wait for the whole device: the timed part.
+        `own_clock`: the batch by this process's own clocks (wall, and CUDA events on its current stream), and when
+        the command arrived, the work began and ended and the reply left (the system's monotonic clock, which the
+        referee reads too): where the referee's clock spends its time, for benchmarks only, since a candidate's
+        process could forge it."""
         import torch
 
         calls_before = self.loader.kernel_calls if self.loader else 0
         model = self.model64 if self.fp64 else self.model
         prepared, self.prepared = self.prepared, []
+        seeds = msg.get("seeds") or [None] * len(prepared)
         events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.device.type == "cuda" else []
         begin = time.perf_counter()
         if events:
             events[0].record()
         with torch.no_grad():
-            for args, seed in prepared:
+            for args, seed in zip(prepared, seeds):
                 if seed is not None:
                     torch.manual_seed(int(seed))
                 self.pending.append(leaves(model(*args)))
         if events:
             events[1].record()
         self._sync()
-        own = {"wall_ms": 1000.0 * (time.perf_counter() - begin)}
+        end = time.perf_counter()
+        own = {"wall_ms": 1000.0 * (end - begin), "received_at": self.received_at, "begin_at": begin, "end_at": end}
         try:  # work a candidate left running past the sync has no reading, and this never decides a verdict
             if events and events[0].query() and events[1].query():
                 own["events_ms"] = events[0].elapsed_time(events[1])
@@ -189,7 +196,7 @@ class Contestant:
     def call(self, msg: dict) -> dict:
         """prepare, go and outs in one round trip (the calls nobody times)."""
         self.prepare(msg)
-        reply = self.go(msg)
+        reply = self.go({"seeds": [entry.get("seed") for entry in msg["calls"]]})
         return {**reply, **self.outs(msg)}
 
     def handoff(self, msg: dict) -> dict:
@@ -343,6 +350,7 @@ def serve(channel, spec: dict, sandbox: str) -> int:
             msg, fds = channel.recv(spin_s=spin_s if op in ("handoff", "drop", "prepare", "outs") else 0.0)
         except procs.ChannelClosed:
             break
+        contestant.received_at = time.perf_counter()
         op = msg.get("op")
         if op == "quit":
             break
@@ -356,5 +364,7 @@ def serve(channel, spec: dict, sandbox: str) -> int:
         except BaseException as err:  # SystemExit and CUDA faults included: the referee decides
             traceback.print_exc()
             reply = {"ok": False, "error": describe(err)}
+        if isinstance(reply.get("own_clock"), dict):
+            reply["own_clock"]["sent_at"] = time.perf_counter()
         channel.send({**reply, "nonce": msg.get("nonce")})
     os._exit(0)

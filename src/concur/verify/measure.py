@@ -8,7 +8,17 @@ import secrets
 import time
 
 from concur.verify import checks, procs, timing
-from concur.verify.reference import SEED, CallFailed, call_timeout, limit, mutated, ref_ask, ref_handoff, reference_side
+from concur.verify.reference import (
+    SEED,
+    CallFailed,
+    call_timeout,
+    limit,
+    mutated,
+    ref_ask,
+    ref_handoff,
+    reference_side,
+    timed_go,
+)
 
 SAMPLES = 1024  # output elements checked per checked timed call
 CHECKED_PER_BATCH = 4  # timed calls of each batch whose outputs are checked (chosen in secret)
@@ -26,7 +36,8 @@ def time_reference(referee, task, settings) -> dict:
     """Warm up, then timed batches of fresh secret inputs until the reference has run `timing_min_s`; keeps each
     batch's seeds, forward and hand-off times and a secret sample of checked outputs."""
     calls = task.calls
-    plan = {"calls": calls, "batches": [], "forward": [], "handoff": [], "prepare": [], "samples": [], "own_clock": []}
+    plan = {"calls": calls, "batches": [], "samples": [], "own_clock": []}
+    plan.update({key: [] for key in ("forward", "stage", "handoff", "prepare")})
     ask = lambda m, s, t=600.0, spin=False: ref_ask(task, m, s, t, spin)  # noqa: E731
     with reference_side(), referee.quiet():
         warm_up(referee, task, task.runner, calls, settings, ask)
@@ -42,6 +53,7 @@ def time_reference(referee, task, settings) -> dict:
             plan["samples"].append({i: sample(referee, outputs[i]) for i in checked})
             plan["batches"].append(seeds)
             plan["forward"].append(batch["forward_ms"])
+            plan["stage"].append(batch["stage_ms"])
             plan["handoff"].append(1000.0 * handoff_s)
             plan["prepare"].append(batch["prepare_ms"])
             plan["own_clock"].append(batch["own_clock"])
@@ -63,38 +75,45 @@ def warm_up(referee, task, runner, calls, settings, ask) -> None:
 
 
 def timed_batch(referee, task, runner, seeds, ask) -> dict:
-    """One timed batch: fresh inputs staged, caches flushed, then the referee's clock around the call."""
+    """One timed batch: fresh inputs drawn, the contestant's views of the arena made, then on the referee's clock
+    the inputs written and the caches flushed, and the calls run. `forward_ms`: the clock less the writing (whose
+    excess over the reference's counts, timing.copy_excess_ms)."""
     values = [referee.draw(task, s, "random") for s in seeds]
-    specs = referee.stage(runner, values, "timing")
-    referee.flush()
-    calls = [{"args": sp, "seed": s if task.stochastic else None} for sp, s in zip(specs, seeds)]
-    begin = time.perf_counter()  # recorded, not counted (docs/verifier.md: work started here, before the clock)
-    answered(ask({"op": "prepare", "calls": calls}, "timing", 60.0, spin=True))
+    specs = referee.layout(runner, values, "timing")
+    begin = time.perf_counter()  # recorded, not counted: nothing of this batch's inputs is in the arena yet
+    answered(ask({"op": "prepare", "calls": [{"args": sp} for sp in specs]}, "timing", 60.0, spin=True))
     prepare_ms = 1000.0 * (time.perf_counter() - begin)
-    cpu = procs.cpu_seconds(runner.pid)
-    begin = time.perf_counter()
-    reply = answered(ask({"op": "go"}, "timing", call_timeout(task, len(seeds)), spin=True))
-    forward_s = time.perf_counter() - begin
-    cpu_s = procs.cpu_seconds(runner.pid) - cpu
+    go = {"op": "go", "seeds": seeds if task.stochastic else None}
+    timed = timed_go(referee, runner, ask, go, call_timeout(task, len(seeds)), values, specs)
+    reply = answered(timed["reply"])
     metas = answered(ask({"op": "outs"}, "timing", 60.0))["outs"]
     return {
-        "forward_ms": 1000.0 * forward_s,
+        "forward_ms": timed["total_ms"] - timed["stage_ms"],
+        "stage_ms": timed["stage_ms"],
         "prepare_ms": prepare_ms,
         "metas": metas,
         "specs": specs,
         "values": values,
-        "cpu_s": cpu_s,
+        "cpu_s": timed["cpu_s"],
+        "go_ms": timed["go_ms"],
         "kernel_calls": reply.get("kernel_calls", 0),
-        "own_clock": own_clock(reply),
+        "own_clock": own_clock(reply, timed),
     }
 
 
-def own_clock(reply: dict) -> dict:
-    """The contestant's own reading of a batch (benchmarks only: a candidate could forge it), numbers kept only."""
+def own_clock(reply: dict, timed: dict) -> dict:
+    """The contestant's own reading of a batch (benchmarks only: a candidate could forge it), numbers kept only,
+    and the message's path: to the contestant, until its work began, after it ended, back to the referee (ms)."""
     found = reply.get("own_clock")
     if not isinstance(found, dict):
         return {}
-    return {k: float(v) for k, v in found.items() if k in ("wall_ms", "events_ms") and isinstance(v, (int, float))}
+    keep = {k: float(v) for k, v in found.items() if k in ("wall_ms", "events_ms") and isinstance(v, (int, float))}
+    stamps = [timed["sent_at"], *(found.get(k) for k in ("received_at", "begin_at", "end_at", "sent_at"))]
+    stamps.append(timed["replied_at"])
+    if all(isinstance(t, (int, float)) for t in stamps):
+        legs = ("to_contestant", "before_work", "work", "after_work", "to_referee")
+        keep["path_ms"] = {leg: 1000.0 * (b - a) for leg, a, b in zip(legs, stamps, stamps[1:])}
+    return keep
 
 
 def answered(reply: dict) -> dict:
@@ -127,7 +146,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     torch = referee.torch
     calls = plan["calls"]
     ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, limit(deadline, t), spin=spin)  # noqa: E731
-    forward, handoffs, prepares, cpu_s, own = [], [], [], [], []
+    forward, stages, handoffs, prepares, cpu_s, go_ms, own = [], [], [], [], [], [], []
     timed = {"calls": 0, "mismatch": None, "mutated": []}
     reference = timing.summary(plan["per_call"])
     with referee.quiet():
@@ -145,10 +164,12 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                 candidate, batch["metas"], "timing", limit(deadline, call_timeout(task, calls))
             )
             forward.append(batch["forward_ms"])
+            stages.append(batch["stage_ms"])
             prepares.append(batch["prepare_ms"])
             own.append(batch["own_clock"])
             handoffs.append(1000.0 * handoff_s)
             cpu_s.append(batch["cpu_s"])
+            go_ms.append(batch["go_ms"])
             timed["calls"] += calls
             for i, kept in samples.items():
                 failed = sample_mismatch(torch, outputs[i], kept, settings)
@@ -161,7 +182,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                     if j not in timed["mutated"]
                 ]
             per_call = timing.per_call_times(forward, task.overhead_ms, calls)
-            excess = timing.handoff_excess_ms(handoffs, plan["handoff"], calls)
+            excess = copy_excess(stages, handoffs, plan, calls)
             if timed["mismatch"] or timing.candidate_done(
                 per_call, calls, float(settings["timing_min_s"]), reference["median_ms"], excess
             ):
@@ -171,22 +192,27 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
         per_call = timing.per_call_times(forward, task.overhead_ms, calls)
         facts["timing"] = {
             "ref": reference,
-            "new": timing.summary(per_call, timing.handoff_excess_ms(handoffs, plan["handoff"], calls)),
+            "new": timing.summary(per_call, copy_excess(stages, handoffs, plan, calls)),
             "calls_per_batch": calls,
             "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # forward, of every batch: for benchmarks
-            "batch_ms": {  # the referee's raw clock readings of every batch, and the round trip taken off them
-                "ref": {"forward": plan["forward"], "handoff": plan["handoff"], "prepare": plan["prepare"]},
-                "new": {"forward": forward, "handoff": handoffs, "prepare": prepares},
+            "batch_ms": {  # the referee's clock readings of every batch, and the round trip taken off them
+                "ref": {key: plan[key] for key in ("forward", "stage", "handoff", "prepare")},
+                "new": {"forward": forward, "stage": stages, "handoff": handoffs, "prepare": prepares},
                 "overhead": task.overhead_ms,
                 "own_clock": {"ref": plan["own_clock"], "new": own},  # the processes' own, for benchmarks
             },
             "deferred": timing.deferred(handoffs, plan["handoff"], forward),
-            # over all batches together (where the CPU clock is read in ticks, one short batch is too coarse)
-            "cores": sum(cpu_s) / (sum(forward) / 1000.0),
-            "cores_resolution": procs.cpu_resolution_s(candidate.pid) * 2 / (sum(forward) / 1000.0),
+            # over all batches' calls together (where the CPU clock is read in ticks, one short batch is too coarse)
+            "cores": sum(cpu_s) / (sum(go_ms) / 1000.0),
+            "cores_resolution": procs.cpu_resolution_s(candidate.pid) * 2 / (sum(go_ms) / 1000.0),
             "cores_allowed": referee.threads,
         }
     inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
+
+
+def copy_excess(stages: list[float], handoffs: list[float], plan: dict, calls: int) -> float:
+    """Per call, what the candidate's writing and hand-off took beyond the reference's (timing.copy_excess_ms)."""
+    return timing.copy_excess_ms(stages, plan["stage"], calls) + timing.copy_excess_ms(handoffs, plan["handoff"], calls)
 
 
 def sample_mismatch(torch, leaves: list, kept: list, settings: dict) -> str | None:

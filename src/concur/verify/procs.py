@@ -9,6 +9,7 @@ Stdlib only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -307,6 +308,50 @@ def stop_all(pids: list[int], wait_s: float = 0.5) -> list[int]:
         while time.monotonic() < end and (_stat(str(pid)) or ["T"])[0] not in ("T", "t", "Z", "X"):
             time.sleep(0.0005)
     return stopped
+
+
+def stop_tree(pid: int, wait_s: float = 0.5) -> list[int]:
+    """SIGSTOP a process, its group and every descendant (a contestant is its children's subreaper), and wait until
+    each of their threads has stopped. Returns the pids to resume."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGSTOP)
+    found, queue_ = [], [pid]
+    while queue_:
+        current = queue_.pop()
+        found.append(current)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(current, signal.SIGSTOP)
+        queue_ += [child for child in descendants(current) if child not in found]
+    end = time.monotonic() + wait_s
+    for current in found:
+        while time.monotonic() < end and not all_stopped(current):
+            time.sleep(0.0001)
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """The direct children of every thread of a process (/proc/<pid>/task/<tid>/children)."""
+    children = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
+                children += [int(c) for c in f.read().split()]
+    return children
+
+
+def all_stopped(pid: int) -> bool:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] not in ("T", "t", "Z", "X"):
+                    return False
+        except (OSError, IndexError):
+            pass
+    return True
 
 
 def resume_all(pids: list[int]) -> None:

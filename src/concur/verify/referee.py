@@ -146,18 +146,25 @@ class Referee:
 
     def stage(self, runner: Runner, calls: list[list], stage: str) -> list[list[dict]]:
         """Write each call's inputs into the runner's input arena; returns their specs."""
+        specs = self.layout(runner, calls, stage)
+        self.write(runner, calls, specs)
+        return specs
+
+    def layout(self, runner: Runner, calls: list[list], stage: str) -> list[list[dict]]:
+        """Where each call's inputs go in the runner's input arena (grown if need be); nothing is written yet."""
         specs, end = [], 0
         for values in calls:
             spec = exchange.specs_of(values)
             end = exchange.place(spec, end)
             specs.append(spec)
-        arena = runner.arena("in", end, stage)
-        for values, spec in zip(calls, specs):
-            for value, s in zip(values, spec):
-                if s["t"] == "tensor":
-                    exchange.write(arena.bytes, s, value)
-        self.sync()
+        runner.arena("in", end, stage)
         return specs
+
+    def write(self, runner: Runner, calls: list[list], specs: list[list[dict]]) -> None:
+        """The inputs into the arena, and wait for them. On a GPU by kernels of this process's context, which no
+        kernel of the contestant's context runs beside (exchange.write)."""
+        exchange.write(runner.arenas["in"].bytes, [s for spec in specs for s in spec], [v for c in calls for v in c])
+        self.sync()
 
     def handoff(
         self, runner: Runner, metas: list[list[dict]], stage: str, timeout: float, start: int = 0, grow: bool = True
@@ -185,6 +192,14 @@ class Referee:
         if not reply.get("ok"):
             raise CallFailed(reply.get("error", "hand-off failed"))
         return [exchange.values_of(arena.bytes, layout) for layout in layouts], seconds
+
+    def hold(self, runner: Runner) -> list[int]:
+        """On the CPU, every process of the runner stopped (its threads could read the arena while it is written,
+        on cores of their own); on a GPU nothing: the inputs are on the device, where only kernels reach them."""
+        return procs.stop_tree(runner.pid) if self.device == "cpu" else []
+
+    def release(self, held: list[int]) -> None:
+        procs.resume_all(held)
 
     def sync(self) -> None:
         if self.device == "cuda":

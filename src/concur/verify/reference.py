@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import time
 
-from concur.verify import exchange, timing
+from concur.verify import exchange, procs, timing
 from concur.verify.build import describe, exec_program
 from concur.verify.runner import RunnerFailed
 
@@ -153,15 +153,13 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
     clock("first_call")
     samples = []
     for _ in range(3):
-        ref_ask(task, {"op": "prepare", "calls": [{"args": specs[0], "seed": None}]}, "reference")
-        begin = time.perf_counter()
-        ref_ask(task, {"op": "go"}, "reference", spin=True)
-        samples.append(time.perf_counter() - begin)
+        ref_ask(task, {"op": "prepare", "calls": [{"args": specs[0]}]}, "reference")
+        samples.append(timed_go(referee, runner, ref_asker(task), {"op": "go"}, 600.0)["go_ms"])
         ref_ask(task, {"op": "drop"}, "reference")
     task.stochastic = stochastic(referee, task, specs[0])
     with referee.quiet():  # subtracted from every timed batch of the task
-        task.overhead_ms = overhead_ms(task)
-    task.call_ms = max(timing.FLOOR_MS, 1000.0 * sorted(samples)[1] - task.overhead_ms)
+        task.overhead_ms = overhead_ms(referee, task)
+    task.call_ms = max(timing.FLOOR_MS, sorted(samples)[1] - task.overhead_ms)
     task.input_bytes = sum(exchange.nbytes(s) for s in specs[0])
     task.output_bytes = sum(exchange.nbytes(s) for s in exchange.output_layout(task.meta, 0))
     task.memory_mb = runner.memory_used_kb() // 1024
@@ -200,10 +198,8 @@ def batch_calls(referee, task: TaskState, specs: list[dict]) -> int:
         return 1
     times = []
     for _ in range(2):
-        ref_ask(task, {"op": "prepare", "calls": [{"args": specs, "seed": None}] * calls}, "reference")
-        begin = time.perf_counter()
-        ref_ask(task, {"op": "go"}, "reference", spin=True)
-        times.append(1000.0 * (time.perf_counter() - begin))
+        ref_ask(task, {"op": "prepare", "calls": [{"args": specs}] * calls}, "reference")
+        times.append(timed_go(referee, task.runner, ref_asker(task), {"op": "go"}, 600.0)["go_ms"])
         ref_ask(task, {"op": "drop"}, "reference")
     return sized(timing.per_call_ms(min(times), task.overhead_ms, calls))
 
@@ -236,15 +232,47 @@ def load_message(settings: dict, role: str, class_name: str, program, init: list
     }
 
 
-def overhead_ms(task) -> float:
-    """The message round trip of an empty batch on the reference's process: subtracted from both sides."""
+def overhead_ms(referee, task) -> float:
+    """The round trip of an empty batch on the reference's process, after a flush as in a timed batch (on a GPU the
+    switch back to the contestant's context is part of it): subtracted from both sides."""
     times = []
     for _ in range(11):
         ref_ask(task, {"op": "prepare", "calls": []}, "reference")
-        begin = time.perf_counter()
-        ref_ask(task, {"op": "go"}, "reference", spin=True)
-        times.append(1000.0 * (time.perf_counter() - begin))
+        times.append(timed_go(referee, task.runner, ref_asker(task), {"op": "go"}, 600.0)["go_ms"])
     return sorted(times)[len(times) // 2]
+
+
+def ref_asker(task):
+    return lambda message, stage, timeout=600.0, spin=False: ref_ask(task, message, stage, timeout, spin)
+
+
+def timed_go(referee, runner, ask, go: dict, timeout: float, calls: list | None = None, specs: list | None = None):
+    """The timed part of a batch, on the referee's clock: the batch's inputs written into the runner's arena (the
+    contestant has made its views of it already, but nothing it could compute on before this clock started), the
+    caches flushed, then `go` and its reply. On the CPU the runner's processes are stopped while it is written.
+    Returns the reply, `total_ms`, `stage_ms` (writing and flush), `go_ms` and the runner's `cpu_s` during go."""
+    held = referee.hold(runner)
+    begin = time.perf_counter()
+    try:
+        if calls:
+            referee.write(runner, calls, specs)
+        referee.flush()
+    finally:
+        referee.release(held)
+    staged = time.perf_counter()
+    cpu = procs.cpu_seconds(runner.pid)
+    sent = time.perf_counter()
+    reply = ask(go, "timing", timeout, True)
+    end = time.perf_counter()
+    return {
+        "reply": reply,
+        "total_ms": 1000.0 * (end - begin),
+        "stage_ms": 1000.0 * (staged - begin),
+        "go_ms": 1000.0 * (end - staged),
+        "cpu_s": procs.cpu_seconds(runner.pid) - cpu,
+        "sent_at": sent,
+        "replied_at": end,
+    }
 
 
 # ---------------------------------------------------------------- the candidate: load and correctness trials

@@ -1,15 +1,20 @@
 """How the referee times both models (hardened mode): pure functions, so the rules can be tested without a GPU.
 
 A timed batch is B calls of forward, each on inputs drawn fresh for it, run back to back by the contestant and
-ended by a device-wide synchronisation; the referee's clock runs from sending the batch to its reply. B grows until
-a batch lasts a few milliseconds, so the message round trip (measured on the reference's process and subtracted
-from both) is a small share of it. The outputs then move to the referee in a separate, also timed, hand-off: work a
-candidate defers past its reply shows up there, and whatever its median hand-off takes beyond the reference's (and
-HANDOFF_SLACK of it) is added to its time. Medians, not batch by batch: a batch's forward and hand-off move together
-when work shifts from one to the other, so the sum of their medians counts it whole, while the noise of single
-hand-offs does not pile up on one side. The reference is timed first, before the candidate's code is loaded,
-until it has run `timing_min_s` (at least MIN_BATCHES batches); the candidate then replays the same batches,
-stopping early once it is clearly slower than eager. Speedup: the ratio of the medians of per-call times.
+ended by a device-wide synchronisation. The contestant makes its views of the input arena first; then the referee's
+clock starts, the inputs are written into the arena and the caches flushed, the batch is sent, and the clock stops
+at its reply. Nothing a candidate could compute on is in its reach before that clock starts. The writing is taken
+off again, and whatever the candidate's median writing takes beyond the reference's (and COPY_SLACK of it) is added
+to its time: its kernels time-share the GPU with the referee's, so work that ran while its inputs landed lengthened
+the writing. B grows until a batch lasts a few milliseconds, so the message round trip (measured on the
+reference's process and subtracted from both) is a small share of it. The outputs then move to the referee in a
+separate, also timed, hand-off: work a candidate defers past its reply shows up there, and whatever its median
+hand-off takes beyond the reference's (and COPY_SLACK of it) is added to its time. Medians, not batch by batch: a
+batch's forward and hand-off move together when work shifts from one to the other, so the sum of their medians
+counts it whole, while the noise of single hand-offs does not pile up on one side. The reference is timed first,
+before the candidate's code is loaded, until it has run `timing_min_s` (at least MIN_BATCHES batches); the
+candidate then replays the same batches, stopping early once it is clearly slower than eager. Speedup: the ratio
+of the medians of per-call times.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ SLOWER_STOP = 3.0  # the candidate stops once its median per-call time exceeds t
 SLOWER_MIN_BATCHES = 3
 FLOOR_MS = 1e-6
 DEFERRED_SHARE, DEFERRED_FLOOR_MS = 0.25, 0.02  # a hand-off this much slower than the reference's is flagged
-# What the hand-off's median may exceed the reference's by before the excess counts: medians of the same copy in
-# two stretches of one run differ by 5-12 % (GPU drift; H100, 21 calls of 64 MB), and where the copy takes as long
-# as the forward that alone put 2 points on the speedup's CV. It is also what a deferring kernel could hide: 5 % of
-# a copy, at most 5 % of its time where its outputs take as long to copy as to compute, next to nothing otherwise.
-HANDOFF_SLACK = 0.05
+# What the referee's copies for the candidate (its inputs written, its outputs handed off) may take beyond the same
+# copies for the reference before the excess counts: medians of the same copy in two stretches of one run differ by
+# 5-12 % (GPU drift; H100, 21 calls of 64 MB), and where the copy takes as long as the forward that alone put 2
+# points on the speedup's CV. It is also what a candidate could hide: 5 % of a copy, at most 5 % of its time where
+# its inputs or outputs take as long to copy as to compute, next to nothing otherwise.
+COPY_SLACK = 0.05
 
 
 def batch_size(call_ms: float, input_bytes: int, output_bytes: int, budget_bytes: int) -> int:
@@ -49,14 +55,16 @@ def per_call_times(forward_ms: list[float], overhead_ms: float, calls: int) -> l
     return [per_call_ms(f, overhead_ms, calls) for f in forward_ms]
 
 
-def handoff_excess_ms(handoff_ms: list[float], reference_handoff_ms: list[float], calls: int) -> float:
-    """Per call, what the median hand-off took beyond the reference's median hand-off of the same bytes and
-    HANDOFF_SLACK of it. With f_i + h_i fixed per batch, median(f) + median(h) is fixed too, so deferring work in
-    some batches only gains nothing; a hand-off faster than the reference's earns no credit."""
-    if not handoff_ms or not reference_handoff_ms:
+def copy_excess_ms(candidate_ms: list[float], reference_ms: list[float], calls: int) -> float:
+    """Per call, what the median of a copy the referee times for the candidate (the writing of its inputs, the
+    hand-off of its outputs) took beyond the median of the same copy for the reference and COPY_SLACK of it. Its
+    work overlapped with a copy lengthens the copy as much as it shortens the batch: with f_i + c_i fixed per batch,
+    median(f) + median(c) is fixed too, so shifting work in some batches only gains nothing; a copy faster than the
+    reference's earns no credit."""
+    if not candidate_ms or not reference_ms:
         return 0.0
-    allowed = (1.0 + HANDOFF_SLACK) * statistics.median(reference_handoff_ms)
-    return max(0.0, statistics.median(handoff_ms) - allowed) / max(1, calls)
+    allowed = (1.0 + COPY_SLACK) * statistics.median(reference_ms)
+    return max(0.0, statistics.median(candidate_ms) - allowed) / max(1, calls)
 
 
 def reference_done(per_call: list[float], calls: int, budget_s: float) -> bool:
@@ -85,13 +93,13 @@ def warm_already(call_s: list[float], budget_s: float) -> bool:
 
 
 def summary(per_call: list[float], excess_ms: float = 0.0) -> dict:
-    """Per-call mean and median over the batches, the hand-off excess (per call) added; cv: of the forward times."""
+    """Per-call mean and median over the batches, the copies' excess (per call) added; cv: of the forward times."""
     mean = statistics.fmean(per_call)
     spread = statistics.pstdev(per_call) / mean if len(per_call) > 1 and mean > 0 else 0.0
     return {
         "mean_ms": mean + excess_ms,
         "median_ms": statistics.median(per_call) + excess_ms,
-        "handoff_excess_ms": excess_ms,
+        "copy_excess_ms": excess_ms,
         "cv": spread,
         "batches": len(per_call),
     }
