@@ -510,32 +510,44 @@ def test_cpu_time_is_read_to_the_microsecond_over_short_windows():
         child.wait()
 
 
-def test_a_held_contestant_stops_every_thread_and_child(tmp_path):
-    """On the CPU the contestant is stopped while its inputs are written: its threads and its forked children too
-    (they share its arena's mapping), until it is released."""
+def test_a_held_contestant_stops_every_thread_child_and_orphan(tmp_path):
+    """On the CPU the contestants are stopped while a batch's inputs are written: every process under the zygote,
+    with their threads, a double-forked orphan included (they share the arena's mapping), until released. One
+    already stopped (the waiting pool) is left stopped."""
     import subprocess
     import sys
 
     ready = tmp_path / "ready"
     program = f"""
-import os, threading, time
+import ctypes, os, signal, threading, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # a subreaper, as the zygote
 def spin():
     while True:
         pass
-threading.Thread(target=spin, daemon=True).start()
-if os.fork() == 0:
+if os.fork() == 0:  # the contestant: a thread, and a double-forked orphan
     threading.Thread(target=spin, daemon=True).start()
+    if os.fork() == 0:
+        if os.fork() == 0:
+            spin()
+        os._exit(0)
     spin()
+if os.fork() == 0:  # a waiting contestant, stopped already
+    os.kill(os.getpid(), signal.SIGSTOP)
+    spin()
+time.sleep(0.5)
 open({str(ready)!r}, "w").close()
-spin()
+while True:
+    time.sleep(1)
 """
-    proc = subprocess.Popen([sys.executable, "-c", program], start_new_session=True)
+    root = subprocess.Popen([sys.executable, "-c", program], start_new_session=True)
     try:
         deadline = time.monotonic() + 30
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
-        held = procs.stop_tree(proc.pid)
-        assert len(held) == 2 and all(procs.all_stopped(pid) for pid in held)
+        everyone = procs.tree(root.pid)
+        held = procs.stop_descendants(root.pid)
+        assert len(held) == 2  # the contestant and its orphan, not the waiting one (nor the orphan's dead parent)
+        assert all(procs.all_stopped(pid) for pid in everyone)
         before = [procs.cpu_seconds(pid) for pid in held]
         time.sleep(0.2)
         assert [procs.cpu_seconds(pid) for pid in held] == before
@@ -543,6 +555,7 @@ spin()
         time.sleep(0.2)
         assert not any(procs.all_stopped(pid) for pid in held)
         assert all(procs.cpu_seconds(pid) > b for pid, b in zip(held, before))
+        assert all(procs.all_stopped(pid) for pid in everyone if pid not in held)  # the waiting one stays stopped
     finally:
-        os.killpg(proc.pid, 9)
-        proc.wait()
+        os.killpg(root.pid, 9)
+        root.wait()

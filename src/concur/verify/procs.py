@@ -310,22 +310,33 @@ def stop_all(pids: list[int], wait_s: float = 0.5) -> list[int]:
     return stopped
 
 
-def stop_tree(pid: int, wait_s: float = 0.5) -> list[int]:
-    """SIGSTOP a process, its group and every descendant (a contestant is its children's subreaper), and wait until
-    each of their threads has stopped. Returns the pids to resume."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGSTOP)
-    found, queue_ = [], [pid]
+def stop_descendants(root: int, wait_s: float = 0.5) -> list[int]:
+    """SIGSTOP every running descendant of `root` and wait until each of their threads has stopped; again for any
+    process forked meanwhile. Orphans count: the zygote, the usual root, is its children's subreaper. Returns the
+    pids it stopped (those stopped already, as the waiting pool, are left to whoever stopped them)."""
+    stopped: list[int] = []
+    while True:
+        fresh = [pid for pid in tree(root) if pid not in stopped and not all_stopped(pid)]
+        if not fresh:
+            return stopped
+        for pid in fresh:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped += fresh
+        end = time.monotonic() + wait_s
+        for pid in fresh:
+            while time.monotonic() < end and not all_stopped(pid):
+                time.sleep(0.0001)
+
+
+def tree(root: int) -> list[int]:
+    """Every descendant of a process."""
+    found, queue_ = [], descendants(root)
     while queue_:
-        current = queue_.pop()
-        found.append(current)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(current, signal.SIGSTOP)
-        queue_ += [child for child in descendants(current) if child not in found]
-    end = time.monotonic() + wait_s
-    for current in found:
-        while time.monotonic() < end and not all_stopped(current):
-            time.sleep(0.0001)
+        pid = queue_.pop()
+        if pid not in found:
+            found.append(pid)
+            queue_ += descendants(pid)
     return found
 
 

@@ -194,9 +194,10 @@ class Referee:
         return [exchange.values_of(arena.bytes, layout) for layout in layouts], seconds
 
     def hold(self, runner: Runner) -> list[int]:
-        """On the CPU, every process of the runner stopped (its threads could read the arena while it is written,
-        on cores of their own); on a GPU nothing: the inputs are on the device, where only kernels reach them."""
-        return procs.stop_tree(runner.pid) if self.device == "cpu" else []
+        """On the CPU, every contestant's process stopped, the runner's children and orphans included (their threads
+        could read the arena while it is written, on cores of their own); on a GPU nothing: the inputs are on the
+        device, where only kernels reach them."""
+        return procs.stop_descendants(self.zygote.proc.pid) if self.device == "cpu" else []
 
     def release(self, held: list[int]) -> None:
         procs.resume_all(held)
