@@ -88,14 +88,13 @@ def timed_batch(referee, task, runner, seeds, ask) -> dict:
     reply = answered(timed["reply"])
     metas = answered(ask({"op": "outs"}, "timing", 60.0))["outs"]
     return {
-        "forward_ms": timed["total_ms"] - timed["stage_ms"],
+        "forward_ms": timed["go_ms"],
         "stage_ms": timed["stage_ms"],
         "prepare_ms": prepare_ms,
         "metas": metas,
         "specs": specs,
         "values": values,
         "cpu_s": timed["cpu_s"],
-        "go_ms": timed["go_ms"],
         "kernel_calls": reply.get("kernel_calls", 0),
         "own_clock": own_clock(reply, timed),
     }
@@ -146,7 +145,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     torch = referee.torch
     calls = plan["calls"]
     ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, limit(deadline, t), spin=spin)  # noqa: E731
-    forward, stages, handoffs, prepares, cpu_s, go_ms, own = [], [], [], [], [], [], []
+    forward, stages, handoffs, prepares, cpu_s, own = [], [], [], [], [], []
     timed = {"calls": 0, "mismatch": None, "mutated": []}
     reference = timing.summary(plan["per_call"])
     with referee.quiet():
@@ -169,7 +168,6 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             own.append(batch["own_clock"])
             handoffs.append(1000.0 * handoff_s)
             cpu_s.append(batch["cpu_s"])
-            go_ms.append(batch["go_ms"])
             timed["calls"] += calls
             for i, kept in samples.items():
                 failed = sample_mismatch(torch, outputs[i], kept, settings)
@@ -203,8 +201,8 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             },
             "deferred": timing.deferred(handoffs, plan["handoff"], forward),
             # over all batches' calls together (where the CPU clock is read in ticks, one short batch is too coarse)
-            "cores": sum(cpu_s) / (sum(go_ms) / 1000.0),
-            "cores_resolution": procs.cpu_resolution_s(candidate.pid) * 2 / (sum(go_ms) / 1000.0),
+            "cores": sum(cpu_s) / (sum(forward) / 1000.0),
+            "cores_resolution": procs.cpu_resolution_s(candidate.pid) * 2 / (sum(forward) / 1000.0),
             "cores_allowed": referee.threads,
         }
     inspect(referee, task, candidate, facts, deadline, job.get("kernels"))

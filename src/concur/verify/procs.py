@@ -293,6 +293,9 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+STOPPED = ("T", "t", "Z", "X")  # process states: stopped, traced, dead
+
+
 def stop_all(pids: list[int], wait_s: float = 0.5) -> list[int]:
     """SIGSTOP these processes and wait (briefly) until each is stopped: a signal is delivered asynchronously.
     Returns those that were alive to be stopped."""
@@ -305,7 +308,7 @@ def stop_all(pids: list[int], wait_s: float = 0.5) -> list[int]:
             pass
     end = time.monotonic() + wait_s
     for pid in stopped:
-        while time.monotonic() < end and (_stat(str(pid)) or ["T"])[0] not in ("T", "t", "Z", "X"):
+        while time.monotonic() < end and (_stat(str(pid)) or ["T"])[0] not in STOPPED:
             time.sleep(0.0005)
     return stopped
 
@@ -351,18 +354,12 @@ def descendants(pid: int) -> list[int]:
 
 
 def all_stopped(pid: int) -> bool:
+    """Every thread of the process stopped (or gone)."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return True
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] not in ("T", "t", "Z", "X"):
-                    return False
-        except (OSError, IndexError):
-            pass
-    return True
+    return all((_stat(f"{pid}/task/{tid}") or ["T"])[0] in STOPPED for tid in tids)
 
 
 def resume_all(pids: list[int]) -> None:
@@ -374,7 +371,7 @@ def resume_all(pids: list[int]) -> None:
 
 
 def _stat(pid: str) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name: state, ppid, pgrp, session, ..."""
+    """Fields of /proc/<pid>/stat (or <pid>/task/<tid>) after the command name: state, ppid, pgrp, session, ..."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()

@@ -250,7 +250,8 @@ def timed_go(referee, runner, ask, go: dict, timeout: float, calls: list | None 
     """The timed part of a batch, on the referee's clock: the batch's inputs written into the runner's arena (the
     contestant has made its views of it already, but nothing it could compute on before this clock started), the
     caches flushed, then `go` and its reply. On the CPU the runner's processes are stopped while it is written.
-    Returns the reply, `total_ms`, `stage_ms` (writing and flush), `go_ms` and the runner's `cpu_s` during go."""
+    Returns the reply, `stage_ms` (writing and flush), `go_ms` (the rest: the batch's forward), the runner's `cpu_s`
+    during go, and when `go` was sent and its reply came (`sent_at`, `replied_at`: the monotonic clock)."""
     held = referee.hold(runner)
     begin = time.perf_counter()
     try:
@@ -266,7 +267,6 @@ def timed_go(referee, runner, ask, go: dict, timeout: float, calls: list | None 
     end = time.perf_counter()
     return {
         "reply": reply,
-        "total_ms": 1000.0 * (end - begin),
         "stage_ms": 1000.0 * (staged - begin),
         "go_ms": 1000.0 * (end - staged),
         "cpu_s": procs.cpu_seconds(runner.pid) - cpu,
