@@ -143,13 +143,14 @@ def main() -> None:
     spread = {v: repeat_speedups(v, candidates, builds, tasks, settings, work, args.repeats) for v in args.cv_variants}
     for variant, found in spread.items():
         print(f"repeats of {variant}:")
-        print(pd.DataFrame(found["repeats"]).drop(columns=["per_call_ms", "batch_ms", "path_ms"]).to_string())
-        legs = [
-            {f"{side}.{leg}": ms for side, path in r["path_ms"].items() for leg, ms in path.items()}
-            for r in found["repeats"]
-        ]
-        print("the timed batch's message path, median ms per leg (referee sends, contestant works, referee receives):")
-        print(pd.DataFrame(legs).to_string())
+        print(pd.DataFrame(found["repeats"]).drop(columns=["per_call_ms", "batch_ms", *PATHS]).to_string())
+        for key, step in PATHS.items():
+            legs = [
+                {f"{side}.{leg}": ms for side, path in r[key].items() for leg, ms in path.items()}
+                for r in found["repeats"]
+            ]
+            print(f"the timed {step}'s path, median ms per leg (referee asks, contestant works, referee hears back):")
+            print(pd.DataFrame(legs).to_string())
 
     stages = job_stages(reports)
     n = len(candidates)
@@ -241,7 +242,8 @@ def repeat_speedups(variant, candidates, builds, tasks, settings, work, repeats)
                 "batch_cv": [round(timed.get(side, {}).get("cv", 0.0), 4) for side in ("ref", "new")],
                 "per_call_ms": timed.get("per_call_ms"),
                 "batch_ms": timed.get("batch_ms"),
-                "path_ms": path_medians(timed),
+                **{key: path_medians(timed, key) for key in PATHS},
+                "rung": rung_share(timed),
             }
         )
     return {
@@ -280,16 +282,29 @@ def own_clock_speedup(timed: dict, clock: str) -> float | None:
     return medians[0] / medians[1] if medians[1] > 0 else None
 
 
-def path_medians(timed: dict) -> dict:
-    """Per side, the median ms of each leg of a timed batch's message path (measure.own_clock): where the
-    referee's clock and the contestant's own part."""
+PATHS = {"path_ms": "forward", "handoff_path_ms": "hand-off"}  # measure.own_clock
+
+
+def path_medians(timed: dict, key: str) -> dict:
+    """Per side, the median ms of each leg of a timed step's path (measure.own_clock): where the referee's clock
+    and the contestant's own part."""
     own = timed.get("batch_ms", {}).get("own_clock", {})
     found = {}
     for side in ("ref", "new"):
-        paths = [b["path_ms"] for b in own.get(side, []) if "path_ms" in b]
+        paths = [b[key] for b in own.get(side, []) if key in b]
         if paths:
             found[side] = {leg: round(statistics.median(p[leg] for p in paths), 4) for leg in paths[0]}
     return found
+
+
+def rung_share(timed: dict) -> str:
+    """Per side, the share of timed batches whose forward and hand-off were both answered on the doorbell."""
+    own = timed.get("batch_ms", {}).get("own_clock", {})
+    shares = []
+    for side in ("ref", "new"):
+        rung = [all((b.get("rung") or {"": False}).values()) for b in own.get(side, [])]
+        shares.append(f"{sum(rung)}/{len(rung)}")
+    return " ".join(shares)
 
 
 def copies(frame: pd.DataFrame, k: int) -> pd.DataFrame:

@@ -23,6 +23,7 @@ from concur.verify import normalize_settings, verify_frame, verify_one
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verify"
 REFERENCE = (FIXTURES / "task_relu_add.py").read_text()
+LARGE = (FIXTURES / "task_relu_add_large.py").read_text()
 
 
 def solution(name: str) -> str:
@@ -218,3 +219,60 @@ def test_a_killed_verify_job_leaves_no_process_behind(settings, tmp_path):
     while our_processes(job) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert our_processes(job) == []
+
+
+EARLY_RINGER = """
+import sys
+import torch
+import torch.nn as nn
+
+_harness = sys.modules["concur.verify." + "contestant"]
+_forward = _harness.Contestant.forward
+
+
+def _ring_first(self, msg):  # `done` rung before any work: the clock stops early, the work lands in the hand-off
+    if self.bell is not None and isinstance(msg.get("token"), int):
+        self.bell.ring(_harness.doorbell.DONE, msg["token"])
+    return _forward(self, msg)
+
+
+_harness.Contestant.forward = _ring_first
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x, y):
+        return torch.relu(x + y) * self.scale
+"""
+
+
+def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path):
+    """A referee with cores of its own (as on a GPU node) signals each timed forward and hand-off on the doorbell,
+    both sides; a candidate that rings `done` before doing its work (it can write the page) stops the forward's
+    clock early, and the work it then does is timed in the hand-off and counted."""
+    from concur.verify import api, orchestrate
+
+    honest = EARLY_RINGER.split("_harness =")[0] + "class ModelNew" + EARLY_RINGER.split("class ModelNew")[1]
+    mine = sorted(os.sched_getaffinity(0))
+    settings = normalize_settings(
+        {"device": "cpu", "mode": "hardened", "timeout_s": 300, "workers": 1, "correctness_trials": 2,
+         "signed_trials": 0, "warmup": 1, "timing_min_s": 0.3, "build_cache": str(tmp_path / "cache")}  # fmt: skip
+    )
+    referee = orchestrate.RefereeHandle("cpu", None, tmp_path / "cache", 1, 1, True, False, (mine * 4)[:4])
+    found = {}
+    try:
+        for name, code in (("honest", honest), ("early", EARLY_RINGER)):
+            job = {"candidate_id": name, "task_id": "large", "reference": LARGE, "solution": code, "build_dir": None,
+                   "kernels": None, "settings": api.job_settings(settings)}  # fmt: skip
+            found[name] = referee.evaluate(job, 300)["timing"]
+    finally:
+        referee.close()
+    for timing in found.values():
+        for side in ("ref", "new"):
+            assert all(all(b["rung"].values()) for b in timing["batch_ms"]["own_clock"][side])
+    early, honest_ms = found["early"], found["honest"]["new"]["median_ms"]
+    assert early["deferred"] and early["new"]["copy_excess_ms"] > 0.5 * honest_ms
+    assert early["new"]["median_ms"] > 0.7 * honest_ms

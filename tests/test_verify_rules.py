@@ -6,12 +6,13 @@ import os
 import random
 import socket
 import statistics
+import struct
 import time
 
 import pytest
 import torch
 
-from concur.verify import checks, exchange, procs, sandbox, timing
+from concur.verify import checks, doorbell, exchange, procs, sandbox, timing
 from concur.verify.evaluation import trial_plan
 
 PASS = {"ok_shape": True, "ok_dtype": True, "ok_finite": True, "allclose": True, "max_abs_err": 0.001}
@@ -559,3 +560,65 @@ while True:
     finally:
         os.killpg(root.pid, 9)
         root.wait()
+
+
+def test_a_doorbell_ring_is_read_whole_or_not_at_all():
+    bell = doorbell.Bell()
+    bell.ring(doorbell.GO, 7, [1, -2, 3])
+    assert bell.read(doorbell.GO) == (7, [1, -2, 3])
+    bell.ring(doorbell.GO, 8)
+    assert bell.read(doorbell.GO) == (8, None)
+    struct.pack_into("<q", bell.map, doorbell.GO, 9)  # a token seen before the rest of its ring
+    assert bell.read(doorbell.GO) is None and bell.await_new(doorbell.GO, 8, 0.01) is None
+    with pytest.raises(ValueError):
+        bell.ring(doorbell.GO, 10, list(range(doorbell.MAX_PAYLOAD + 1)))
+    bell.close()
+
+
+def test_a_doorbell_answers_across_processes_and_gives_way_to_the_socket():
+    """The referee's wait ends when the contestant rings back with the token it was rung with, and at once when
+    a message comes on the socket instead (the contestant answered there, or is gone)."""
+    bell, (mine, theirs) = doorbell.Bell(), socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            other = doorbell.Bell(os.dup(bell.fd))
+            token, payload = other.await_new(doorbell.GO, None, 10.0)
+            other.ring(doorbell.DONE, token + sum(payload))
+            theirs.send(b"x")
+        finally:
+            os._exit(0)
+    try:
+        bell.ring(doorbell.GO, 100, [1, 2])
+        assert bell.await_token(doorbell.DONE, 103, 10.0, mine) is not None
+        begin = time.perf_counter()
+        assert bell.await_token(doorbell.DONE, 104, 10.0, mine) is None
+        assert time.perf_counter() - begin < 2.0
+        assert bell.await_token(doorbell.DONE, 104, 0.0) is None
+    finally:
+        os.waitpid(pid, 0)
+        bell.close()
+
+
+def test_a_contestant_lands_its_outputs_where_the_referee_reads_them():
+    """On the doorbell the contestant lays its outputs out itself (few operations: it runs on the clock); the
+    referee reads them by exchange.handoff_layouts from their metadata: the same bytes, odd sizes, values and empty
+    tensors included."""
+    from types import SimpleNamespace
+
+    from concur.verify.contestant import Contestant, leaf_meta
+
+    pending = [
+        [torch.arange(6, dtype=torch.float32).reshape(2, 3), 7, torch.arange(5, dtype=torch.int16)],
+        [torch.ones(3, 1, dtype=torch.float64).t(), torch.empty(0), torch.tensor([True, False, True])],
+    ]
+    metas = [[leaf_meta(leaf) for leaf in call] for call in pending]
+    target = torch.zeros(1 << 16, dtype=torch.uint8)
+    views, sources = Contestant.landing(SimpleNamespace(pending=pending), target, 300, 512)
+    torch._foreach_copy_(views, sources)
+    layouts, _ = exchange.handoff_layouts(metas, 300, 512)
+    for call, layout in zip(pending, layouts):
+        for leaf, got in zip(call, exchange.values_of(target, layout)):
+            assert torch.equal(got, leaf) if isinstance(leaf, torch.Tensor) else got == leaf
+    with pytest.raises(ValueError):
+        Contestant.landing(SimpleNamespace(pending=pending), target[:600], 300, 512)

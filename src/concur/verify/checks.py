@@ -207,6 +207,21 @@ def structure(metas: list[dict], reference: list[dict]) -> str | None:
     return None
 
 
+def batch_structure(metas, reference: list[dict], calls: int) -> tuple[int, str] | None:
+    """The first call of a batch whose outputs (metadata from the contestant's reply, in whatever form it sent)
+    are not laid out as the reference's, and why; None when all are."""
+    if not isinstance(metas, list) or len(metas) != calls:
+        return 0, f"shape_mismatch outputs of {len(metas) if isinstance(metas, list) else 0} calls, expected {calls}"
+    for i, call in enumerate(metas):
+        try:
+            mismatch = structure(call, reference) if isinstance(call, list) else "shape_mismatch no list of outputs"
+        except (KeyError, TypeError):
+            mismatch = "shape_mismatch outputs described in no known form"
+        if mismatch:
+            return i, mismatch
+    return None
+
+
 def passes(facts: dict) -> bool:
     return all(facts.get(k, False) for k in ("ok_shape", "ok_dtype", "ok_finite", "allclose")) and not facts.get(
         "error"

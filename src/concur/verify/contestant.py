@@ -15,7 +15,7 @@ import os
 import time
 import traceback
 
-from concur.verify import exchange
+from concur.verify import doorbell, exchange
 from concur.verify.build import ExtensionLoader, describe, exec_program, one_line
 
 L2_THRASH_BYTES = 256 << 20  # KernelBench's cold-cache fill before each timed trial
@@ -71,8 +71,12 @@ class Contestant:
         self.arenas: dict[str, exchange.Mapped] = {}
         self.pending: list[list] = []
         self.prepared: list = []
+        self.unreported: tuple = (0, None)  # what `report` reads after a forward: kernel calls before it, its events
         self.fp64 = False
         self.received_at = 0.0  # when the command being answered arrived (the system's monotonic clock)
+        self.bell: doorbell.Bell | None = None
+        self.last = {doorbell.GO: None, doorbell.HANDOFF: None}  # the last token heard on each ringing slot
+        self.early: dict[str, tuple[int, dict]] = {}  # replies to steps run from the doorbell, by command
         self.guarded = guarded()
         torch.set_num_threads(max(1, int(spec.get("threads", 1))))
         start = time.perf_counter()
@@ -134,6 +138,12 @@ class Contestant:
         self.arenas[msg["slot"]] = exchange.Mapped(msg, fds)
         return {"ok": True}
 
+    def bell_page(self, msg: dict, fds: list[int]) -> dict:
+        if len(fds) != 1:
+            raise ValueError("a doorbell comes with one descriptor")
+        self.bell = doorbell.Bell(fds[0])
+        return {"ok": True}
+
     def prepare(self, msg: dict) -> dict:
         """The arguments of the next calls, as views of the input arena, made before the referee's clock starts; a
         timed batch's inputs are written into the arena only after this reply, with the clock running. Then a
@@ -155,65 +165,139 @@ class Contestant:
         return {"ok": True}
 
     def go(self, msg: dict) -> dict:
+        """`forward`, then its reply (`report`)."""
+        return self.report(self.forward(msg), self.pending)
+
+    def forward(self, msg: dict) -> dict:
         """Run forward on each prepared call, each seeded first where `seeds` says (stochastic tasks), keep the
-        outputs, then wait for the whole device: the timed part.
-        `own_clock`: the batch by this process's own clocks (wall, and CUDA events on its current stream), and when
-        the command arrived, the work began and ended and the reply left (the system's monotonic clock, which the
-        referee reads too): where the referee's clock spends its time, for benchmarks only, since a candidate's
-        process could forge it."""
+        outputs, wait for the whole device, and ring `done` with the command's token: the timed part.
+        `own_clock`: the batch by this process's own wall clock, and when the command arrived, the work began and
+        ended and the answer left (the system's monotonic clock, which the referee reads too): where the referee's
+        clock spends its time, for benchmarks only, since a candidate's process could forge it."""
         import torch
 
-        calls_before = self.loader.kernel_calls if self.loader else 0
+        self.unreported = (self.loader.kernel_calls if self.loader else 0, None)
         model = self.model64 if self.fp64 else self.model
         prepared, self.prepared = self.prepared, []
         seeds = msg.get("seeds") or [None] * len(prepared)
         events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.device.type == "cuda" else []
-        begin = time.perf_counter()
-        if events:
-            events[0].record()
-        with torch.no_grad():
-            for args, seed in zip(prepared, seeds):
-                if seed is not None:
-                    torch.manual_seed(int(seed))
-                self.pending.append(leaves(model(*args)))
-        if events:
-            events[1].record()
-        self._sync()
-        end = time.perf_counter()
-        own = {"wall_ms": 1000.0 * (end - begin), "received_at": self.received_at, "begin_at": begin, "end_at": end}
+        own = {"received_at": self.received_at}
+        try:
+            begin = own["begin_at"] = time.perf_counter()
+            if events:
+                events[0].record()
+            with torch.no_grad():
+                for args, seed in zip(prepared, seeds):
+                    if seed is not None:
+                        torch.manual_seed(int(seed))
+                    self.pending.append(leaves(model(*args)))
+            if events:
+                events[1].record()
+            self._sync()
+            end = own["end_at"] = time.perf_counter()
+        finally:
+            self._answer(doorbell.DONE, msg, own)
+        own["wall_ms"] = 1000.0 * (end - begin)
+        self.unreported = (self.unreported[0], events)
+        return {"ok": True, "own_clock": own}
+
+    def report(self, reply: dict, produced: list) -> dict:
+        """The rest of go's reply, read once nothing is timed any more: the batch by CUDA events (benchmarks only),
+        the extension's calls, and every output's dtype and shape (`produced`: the batch's kept outputs)."""
+        if not reply.get("ok"):
+            return reply
+        calls_before, events = self.unreported
         try:  # work a candidate left running past the sync has no reading, and this never decides a verdict
             if events and events[0].query() and events[1].query():
-                own["events_ms"] = events[0].elapsed_time(events[1])
+                reply["own_clock"]["events_ms"] = events[0].elapsed_time(events[1])
         except RuntimeError:
             pass
         calls = (self.loader.kernel_calls if self.loader else 0) - calls_before
-        return {"ok": True, "kernel_calls": calls, "own_clock": own}
+        return {**reply, "kernel_calls": calls, "outs": [[leaf_meta(leaf) for leaf in call] for call in produced]}
+
+    def _answer(self, slot: int, msg: dict, own: dict | None = None) -> None:
+        """Ring the answering slot with the command's token (a timed step), noting when; that token is heard, however
+        the command came."""
+        if self.bell is not None and isinstance(msg.get("token"), int):
+            self.last[doorbell.GO if slot == doorbell.DONE else doorbell.HANDOFF] = msg["token"]
+            self.bell.ring(slot, msg["token"])
+            if own is not None:
+                own["sent_at"] = time.perf_counter()
+
+    def from_bell(self, spin_s: float, run) -> None:
+        """After `prepare`: wait on the doorbell for `go`, run its timed part, then the same for the hand-off, and
+        only then write their replies, kept for their commands, which follow on the socket. Gives up after spin_s
+        (the socket then brings them). `run(method, msg)` calls a command as the command loop does, errors
+        included."""
+        heard = self.bell.await_new(doorbell.GO, self.last[doorbell.GO], spin_s)
+        if heard is None:
+            return
+        self.received_at = time.perf_counter()
+        token, seeds = heard
+        self.last[doorbell.GO] = token
+        forward, produced = run(self.forward, {"token": token, "seeds": seeds}), self.pending
+        handed = self.bell.await_new(doorbell.HANDOFF, self.last[doorbell.HANDOFF], spin_s)
+        if handed is not None and handed[1] and len(handed[1]) == 2:
+            self.received_at = time.perf_counter()
+            self.last[doorbell.HANDOFF] = handed[0]
+            start, base = handed[1]
+            self.early["handoff"] = (handed[0], run(self.handoff, {"token": handed[0], "start": start, "base": base}))
+        self.early["go"] = (token, run(self.report, forward, produced))
 
     def outs(self, msg: dict) -> dict:
-        """dtype and shape of every kept output."""
+        """dtype and shape of every kept output (calls' lists of leaves)."""
         return {"ok": True, "outs": [[leaf_meta(leaf) for leaf in produced] for produced in self.pending]}
 
     def call(self, msg: dict) -> dict:
         """prepare, go and outs in one round trip (the calls nobody times)."""
         self.prepare(msg)
-        reply = self.go({"seeds": [entry.get("seed") for entry in msg["calls"]]})
-        return {**reply, **self.outs(msg)}
+        return self.go({"seeds": [entry.get("seed") for entry in msg["calls"]]})
 
     def handoff(self, msg: dict) -> dict:
-        """Copy the kept outputs into the output arena at the offsets the referee chose."""
+        """Copy the kept outputs into the output arena at the offsets the referee chose (`specs`), or, rung on the
+        doorbell, where its `start` and `base` put them (`landing`); then ring `handed`. `own_clock`: when it was
+        heard, the copy began and ended (the system's monotonic clock; benchmarks only)."""
         import torch
 
-        target, views, sources = self.arenas["out"].bytes, [], []
-        for produced, specs in zip(self.pending, msg["specs"]):
-            for leaf, spec in zip(produced, specs):
-                if spec["t"] == "tensor":
-                    views.append(exchange.view(target, spec))
-                    sources.append(torch.as_tensor(leaf).reshape(spec["shape"]))
-        if views:  # one call for all copies: less of the timed hand-off is Python, whose pace varies
-            torch._foreach_copy_(views, sources)
-        self.pending = []
-        self._sync()
-        return {"ok": True}
+        own = {"received_at": self.received_at}
+        try:
+            target = self.arenas["out"].bytes
+            if msg.get("specs") is None:
+                views, sources = self.landing(target, int(msg["start"]), int(msg["base"]))
+            else:
+                views, sources = [], []
+                for produced, layout in zip(self.pending, msg["specs"]):
+                    for leaf, spec in zip(produced, layout):
+                        if spec["t"] == "tensor":
+                            views.append(exchange.view(target, spec))
+                            sources.append(torch.as_tensor(leaf).reshape(spec["shape"]))
+            own["begin_at"] = time.perf_counter()
+            if views:  # one call for all copies: less of the timed hand-off is Python, whose pace varies
+                torch._foreach_copy_(views, sources)
+            self.pending = []
+            self._sync()
+            own["end_at"] = time.perf_counter()
+        finally:
+            self._answer(doorbell.HANDED, msg, own)
+        return {"ok": True, "own_clock": own}
+
+    def landing(self, target, start: int, base: int) -> tuple[list, list]:
+        """Flat views of the output arena for every kept tensor output, and the outputs flattened: each output at the
+        next aligned offset from `start`, shifted by `base`, as exchange.handoff_layouts lays out their metadata
+        (few operations per output: this runs on the referee's clock)."""
+        import torch
+
+        views, sources, end = [], [], exchange.aligned(start)
+        for produced in self.pending:
+            for leaf in produced:
+                if isinstance(leaf, torch.Tensor):
+                    at, size = base + end, leaf.numel() * leaf.element_size()
+                    if at + size > target.numel():
+                        raise ValueError("outputs larger than the output arena")
+                    views.append(target[at : at + size].view(leaf.dtype))
+                    sources.append(torch.as_tensor(leaf).reshape(-1))
+                    end = exchange.aligned(end + size)
+        return views, sources
 
     def double(self, msg: dict) -> dict:
         """A float64 copy of the model, for the precision check (the reference only)."""
@@ -328,7 +412,7 @@ def leaf_meta(leaf) -> dict:
         return {"t": "other", "detail": str(err)}
 
 
-COMMANDS = {"load", "prepare", "go", "outs", "call", "handoff", "double", "drop", "kb_time", "profile", "state"}
+COMMANDS = {"load", "prepare", "go", "call", "handoff", "double", "drop", "kb_time", "profile", "state"}
 
 
 def serve(channel, spec: dict, sandbox: str) -> int:
@@ -344,27 +428,38 @@ def serve(channel, spec: dict, sandbox: str) -> int:
         channel.send({"ok": False, "error": describe(err)})
         os._exit(1)
     spin_s, op = float(spec.get("spin_s") or 0.0), None
+
+    def run(method, msg: dict, *args) -> dict:
+        try:
+            return method(msg, *args)
+        except BaseException as err:  # SystemExit and CUDA faults included: the referee decides
+            traceback.print_exc()
+            return {"ok": False, "error": describe(err)}
+
     while True:
         try:  # the timed commands (`prepare` after the last batch's `handoff` or `drop`, `go` after `prepare`,
-            # `handoff` after `outs`) come soon: wait without sleeping
-            msg, fds = channel.recv(spin_s=spin_s if op in ("handoff", "drop", "prepare", "outs") else 0.0)
+            # `handoff` after `go`) come soon: wait without sleeping
+            msg, fds = channel.recv(spin_s=spin_s if op in ("handoff", "drop", "prepare", "go") else 0.0)
         except procs.ChannelClosed:
             break
         contestant.received_at = time.perf_counter()
         op = msg.get("op")
         if op == "quit":
             break
-        try:
-            if op == "arena":
-                reply = contestant.arena(msg, fds)
-            elif op in COMMANDS:
-                reply = getattr(contestant, op)(msg)
-            else:
-                reply = {"ok": False, "error": f"unknown command {op!r}"}
-        except BaseException as err:  # SystemExit and CUDA faults included: the referee decides
-            traceback.print_exc()
-            reply = {"ok": False, "error": describe(err)}
+        early = contestant.early.pop(op, None)
+        if early is not None and early[0] == msg.get("token"):
+            reply = early[1]  # run already, rung on the doorbell
+        elif op == "arena":
+            reply = run(contestant.arena, msg, fds)
+        elif op == "bell":
+            reply = run(contestant.bell_page, msg, fds)
+        elif op in COMMANDS:
+            reply = run(getattr(contestant, op), msg)
+        else:
+            reply = {"ok": False, "error": f"unknown command {op!r}"}
         if isinstance(reply.get("own_clock"), dict):
-            reply["own_clock"]["sent_at"] = time.perf_counter()
+            reply["own_clock"].setdefault("sent_at", time.perf_counter())
         channel.send({**reply, "nonce": msg.get("nonce")})
+        if op == "prepare" and reply.get("ok") and contestant.bell is not None and spin_s > 0:
+            contestant.from_bell(spin_s, run)
     os._exit(0)

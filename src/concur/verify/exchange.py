@@ -282,6 +282,21 @@ def values_of(arena_bytes, specs: list[dict]) -> list:
     return [view(arena_bytes, s) if s["t"] == "tensor" else s["v"] for s in specs]
 
 
+def handoff_layouts(calls: list[list[dict]], start: int = 0, base: int = 0) -> tuple[list[list[dict]], int]:
+    """Where a hand-off puts the outputs of each call (leaf metadata per call): contiguous from `start`, call after
+    call, everything shifted by `base`. Returns the layouts and where the last one ends before the shift. The
+    referee computes them from the reference's outputs, a contestant from its own: the same bytes when they agree."""
+    layouts, end = [], aligned(start)
+    for metas in calls:
+        layout = output_layout(metas, end)
+        end = max([end] + [s["off"] + nbytes(s) for s in layout if s["t"] == "tensor"])
+        for spec in layout:
+            if spec["t"] == "tensor":
+                spec["off"] += base
+        layouts.append(layout)
+    return layouts, end
+
+
 def output_layout(metas: list[dict], base: int) -> list[dict]:
     """Contiguous specs for output leaves described by their metadata (dtype, shape), placed from `base`."""
     specs = []

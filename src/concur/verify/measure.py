@@ -4,6 +4,7 @@ The rules are in concur.verify.timing; this module does the measuring."""
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 
@@ -15,9 +16,8 @@ from concur.verify.reference import (
     limit,
     mutated,
     ref_ask,
-    ref_handoff,
     reference_side,
-    timed_go,
+    timed_round,
 )
 
 SAMPLES = 1024  # output elements checked per checked timed call
@@ -47,51 +47,56 @@ def time_reference(referee, task, settings) -> dict:
             float(settings["timing_min_s"]),
         ):
             seeds = [secrets.randbits(62) for _ in range(calls)]
-            batch = timed_batch(referee, task, task.runner, seeds, ask)
-            outputs, handoff_s = ref_handoff(referee, task, batch["metas"])
             checked = sorted(secrets.SystemRandom().sample(range(calls), min(calls, CHECKED_PER_BATCH)))
-            plan["samples"].append({i: sample(referee, outputs[i]) for i in checked})
+            where = {i: positions(referee, task.meta) for i in checked}
+            gather = lambda outputs_of, where=where: {i: pick(outputs_of(i), at, task.meta) for i, at in where.items()}  # noqa: E731
+            batch = timed_batch(referee, task, task.runner, seeds, ask, gather=gather)
+            if batch["outputs"] is None:  # its outputs changed kind, dtype or shape between calls
+                raise CallFailed("the reference's outputs are not laid out as in its first call")
+            plan["samples"].append(
+                {i: kept_sample(where[i], batch["gathered"][i], batch["outputs"][i]) for i in checked}
+            )
             plan["batches"].append(seeds)
-            plan["forward"].append(batch["forward_ms"])
-            plan["stage"].append(batch["stage_ms"])
-            plan["handoff"].append(1000.0 * handoff_s)
-            plan["prepare"].append(batch["prepare_ms"])
+            for key in ("forward", "stage", "handoff", "prepare"):
+                plan[key].append(batch[f"{key}_ms"])
             plan["own_clock"].append(batch["own_clock"])
     plan["per_call"] = timing.per_call_times(plan["forward"], task.overhead_ms, calls)
     return plan
 
 
-def warm_up(referee, task, runner, calls, settings, ask) -> None:
+def warm_up(referee, task, runner, calls, settings, ask, deadline: float | None = None) -> None:
     """`warmup` batches and at least WARMUP_MIN_S; past one batch, no longer than `timing_min_s` (a kernel whose
     batch takes seconds is warm after one, and its speedup is decided by the timed batches)."""
     begin, done = time.perf_counter(), 0
     while done < max(1, int(settings["warmup"])) or time.perf_counter() - begin < timing.WARMUP_MIN_S:
         if done and time.perf_counter() - begin >= max(timing.WARMUP_MIN_S, float(settings["timing_min_s"])):
             break
-        seeds = [secrets.randbits(62) for _ in range(calls)]
-        timed_batch(referee, task, runner, seeds, ask)
-        ask({"op": "drop"}, "warm-up", 600.0)
+        timed_batch(referee, task, runner, [secrets.randbits(62) for _ in range(calls)], ask, deadline)
         done += 1
 
 
-def timed_batch(referee, task, runner, seeds, ask) -> dict:
+def timed_batch(referee, task, runner, seeds, ask, deadline: float | None = None, gather=None) -> dict:
     """One timed batch: fresh inputs drawn, the contestant's views of the arena made, then on the referee's clock
-    the inputs written and the caches flushed, and the calls run. `forward_ms`: the clock less the writing (whose
-    excess over the reference's counts, timing.copy_excess_ms)."""
+    the inputs written and the caches flushed, the calls run, and their outputs handed off, with what `gather`
+    reads of them (timed_round).
+    `forward_ms`: the clock less the writing (whose excess over the reference's counts, timing.copy_excess_ms)."""
     values = [referee.draw(task, s, "random") for s in seeds]
     specs = referee.layout(runner, values, "timing")
     begin = time.perf_counter()  # recorded, not counted: nothing of this batch's inputs is in the arena yet
     answered(ask({"op": "prepare", "calls": [{"args": sp} for sp in specs]}, "timing", 60.0, spin=True))
     prepare_ms = 1000.0 * (time.perf_counter() - begin)
     go = {"op": "go", "seeds": seeds if task.stochastic else None}
-    timed = timed_go(referee, runner, ask, go, call_timeout(task, len(seeds)), values, specs)
-    reply = answered(timed["reply"])
-    metas = answered(ask({"op": "outs"}, "timing", 60.0))["outs"]
+    timeout = call_timeout(task, len(seeds)) if deadline is None else limit(deadline, call_timeout(task, len(seeds)))
+    timed = timed_round(referee, runner, go, timeout, task.meta, len(seeds), values, specs, gather)
+    reply = timed["reply"]
     return {
         "forward_ms": timed["go_ms"],
         "stage_ms": timed["stage_ms"],
+        "handoff_ms": timed["handoff_ms"],
         "prepare_ms": prepare_ms,
-        "metas": metas,
+        "metas": reply.get("outs") or [],
+        "outputs": timed["outputs"],
+        "gathered": timed["gathered"],
         "specs": specs,
         "values": values,
         "cpu_s": timed["cpu_s"],
@@ -101,18 +106,33 @@ def timed_batch(referee, task, runner, seeds, ask) -> dict:
 
 
 def own_clock(reply: dict, timed: dict) -> dict:
-    """The contestant's own reading of a batch (benchmarks only: a candidate could forge it), numbers kept only,
-    and the message's path: to the contestant, until its work began, after it ended, back to the referee (ms)."""
+    """The contestant's own reading of a batch (benchmarks only: a candidate could forge it), numbers kept only;
+    the path of the forward's command: to the contestant, until its work began, the work, after it ended, back to
+    the referee (ms), and the same of the hand-off's (`handoff_path_ms`); which timed steps were answered on the
+    doorbell (`rung`)."""
     found = reply.get("own_clock")
+    keep: dict = {"rung": timed["rung"]}
     if not isinstance(found, dict):
-        return {}
-    keep = {k: float(v) for k, v in found.items() if k in ("wall_ms", "events_ms") and isinstance(v, (int, float))}
-    stamps = [timed["sent_at"], *(found.get(k) for k in ("received_at", "begin_at", "end_at", "sent_at"))]
-    stamps.append(timed["replied_at"])
-    if all(isinstance(t, (int, float)) for t in stamps):
-        legs = ("to_contestant", "before_work", "work", "after_work", "to_referee")
-        keep["path_ms"] = {leg: 1000.0 * (b - a) for leg, a, b in zip(legs, stamps, stamps[1:])}
+        return keep
+    keep.update({k: float(v) for k, v in found.items() if k in ("wall_ms", "events_ms") and isinstance(v, float)})
+    handed = timed["handoff"]["reply"].get("own_clock")
+    for key, path in (
+        ("path_ms", message_path(timed, found)),
+        ("handoff_path_ms", message_path(timed["handoff"], handed if isinstance(handed, dict) else {})),
+    ):
+        if path:
+            keep[key] = path
     return keep
+
+
+def message_path(referee: dict, own: dict) -> dict:
+    """Milliseconds of each leg of a timed command's path, from the referee's and the contestant's stamps."""
+    stamps = [referee["sent_at"], *(own.get(k) for k in ("received_at", "begin_at", "end_at", "sent_at"))]
+    stamps.append(referee["replied_at"])
+    if not all(isinstance(t, (int, float)) for t in stamps):
+        return {}
+    legs = ("to_contestant", "before_work", "work", "after_work", "to_referee")
+    return {leg: 1000.0 * (b - a) for leg, a, b in zip(legs, stamps, stamps[1:])}
 
 
 def answered(reply: dict) -> dict:
@@ -121,21 +141,32 @@ def answered(reply: dict) -> dict:
     return reply
 
 
-def sample(referee, outputs: list) -> list:
-    """A secret sample of each output leaf: (positions, values), or the whole leaf when it is small."""
-    torch = referee.torch
-    kept = []
-    for leaf in outputs:
-        if not isinstance(leaf, torch.Tensor):
-            kept.append((None, leaf))
+def positions(referee, meta: list[dict]) -> list:
+    """Where a call's outputs are checked, drawn in secret before its batch: SAMPLES positions of each tensor leaf,
+    or None where the leaf is small enough to check whole (or not a tensor)."""
+    found = []
+    for leaf in meta:
+        numel = math.prod(leaf["shape"]) if leaf["t"] == "tensor" else 0
+        if numel <= SAMPLES:
+            found.append(None)
             continue
-        flat = leaf.reshape(-1)
-        if flat.numel() <= SAMPLES:
-            kept.append((None, flat.clone()))
-        else:
-            at = torch.randint(0, flat.numel(), (SAMPLES,), generator=referee.positions, device=flat.device)
-            kept.append((at, flat[at].clone()))
-    return kept
+        found.append(referee.torch.randint(0, numel, (SAMPLES,), generator=referee.positions, device=referee.device))
+    return found
+
+
+def pick(leaves: list, where: list, meta: list[dict]) -> list:
+    """The checked elements of a call's outputs (views of the output arena), read on the hand-off's clock, the
+    same way for both sides: each tensor leaf at its positions, or whole; None for a value leaf (its reply says)."""
+    picked = []
+    for leaf, at, leaf_meta in zip(leaves, where, meta):
+        flat = leaf.reshape(-1) if leaf_meta["t"] == "tensor" else None
+        picked.append(None if flat is None else flat.clone() if at is None else flat[at])
+    return picked
+
+
+def kept_sample(where: list, picked: list, outputs: list) -> list:
+    """The reference's sample of a call, as (positions, expected) per leaf: a value leaf as its reply gave it."""
+    return [(at, value if got is None else got) for at, got, value in zip(where, picked, outputs)]
 
 
 def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None:
@@ -150,27 +181,26 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     reference = timing.summary(plan["per_call"])
     with referee.quiet():
         if not timing.warm_already(facts.get("call_s", []), float(settings["timing_min_s"])):
-            warm_up(referee, task, candidate, calls, settings, ask)
+            warm_up(referee, task, candidate, calls, settings, ask, deadline)
         for number, (seeds, samples) in enumerate(zip(plan["batches"], plan["samples"])):
-            batch = timed_batch(referee, task, candidate, seeds, ask)
-            for i, call in enumerate(batch["metas"]):
-                mismatch = checks.structure(call, task.meta)
-                if mismatch:
-                    timed["mismatch"] = f"call {number * calls + i + 1}: {mismatch}"
-            if timed["mismatch"]:
+            gather = lambda outputs_of, samples=samples: {  # noqa: E731
+                i: pick(outputs_of(i), [at for at, _ in kept], task.meta) for i, kept in samples.items()
+            }
+            batch = timed_batch(referee, task, candidate, seeds, ask, deadline, gather)
+            outputs = batch["outputs"]
+            if outputs is None:
+                at, mismatch = checks.batch_structure(batch["metas"], task.meta, calls)
+                timed["mismatch"] = f"call {number * calls + at + 1}: {mismatch}"
                 break
-            outputs, handoff_s = referee.handoff(
-                candidate, batch["metas"], "timing", limit(deadline, call_timeout(task, calls))
-            )
             forward.append(batch["forward_ms"])
             stages.append(batch["stage_ms"])
             prepares.append(batch["prepare_ms"])
             own.append(batch["own_clock"])
-            handoffs.append(1000.0 * handoff_s)
+            handoffs.append(batch["handoff_ms"])
             cpu_s.append(batch["cpu_s"])
             timed["calls"] += calls
             for i, kept in samples.items():
-                failed = sample_mismatch(torch, outputs[i], kept, settings)
+                failed = sample_mismatch(torch, batch["gathered"][i], outputs[i], kept, settings)
                 if failed:
                     timed["mismatch"] = f"call {number * calls + i + 1}: {failed}"
             for i in range(calls):
@@ -213,13 +243,14 @@ def copy_excess(stages: list[float], handoffs: list[float], plan: dict, calls: i
     return timing.copy_excess_ms(stages, plan["stage"], calls) + timing.copy_excess_ms(handoffs, plan["handoff"], calls)
 
 
-def sample_mismatch(torch, leaves: list, kept: list, settings: dict) -> str | None:
-    for index, (leaf, (at, expected)) in enumerate(zip(leaves, kept)):
-        if at is None and not isinstance(expected, torch.Tensor):
+def sample_mismatch(torch, picked: list, leaves: list, kept: list, settings: dict) -> str | None:
+    """The first output whose checked elements (`picked` on the clock; a value leaf from the reply's `leaves`)
+    differ from the reference's."""
+    for index, (got, leaf, (_, expected)) in enumerate(zip(picked, leaves, kept)):
+        if not isinstance(expected, torch.Tensor):
             if leaf != expected:
                 return f"output {index}: {leaf!r} != {expected!r}"
             continue
-        got = leaf.reshape(-1) if at is None else leaf.reshape(-1)[at]
         facts = checks.compare([got], [expected], settings, strict_finite=True)
         if not checks.passes(facts):
             return checks.trial_failure(facts)

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from concur.verify import exchange, procs, sandbox
+from concur.verify import doorbell, exchange, procs, sandbox
 from concur.verify.build import describe
 from concur.verify.reference import CallFailed
 from concur.verify.runner import Runner
@@ -172,26 +172,47 @@ class Referee:
         """Have the runner copy its kept outputs into its output arena, from `start` plus a random offset; returns
         the outputs as views of the arena, and the seconds the hand-off took. Views from earlier hand-offs stay
         valid unless the arena has to grow (`grow=False` refuses to)."""
-        layouts, end = [], exchange.aligned(start)
-        for call in metas:
-            layout = exchange.output_layout(call, end)
-            end = max([end] + [s["off"] + exchange.nbytes(s) for s in layout if s["t"] == "tensor"])
-            layouts.append(layout)
+        _, end = exchange.handoff_layouts(metas, start)
         current = runner.arenas["out"]
         if not grow and (current is None or current.nbytes < end + exchange.OUT_SLACK):
             raise CallFailed("no room in the output arena")
         arena = runner.arena("out", end + exchange.OUT_SLACK, stage)
-        base = secrets.randbelow(exchange.OUT_SLACK // exchange.ALIGN) * exchange.ALIGN
-        for layout in layouts:
-            for spec in layout:
-                if spec["t"] == "tensor":
-                    spec["off"] += base
+        layouts, _ = exchange.handoff_layouts(metas, start, self.offset())
         begin = time.perf_counter()
-        reply = runner.ask({"op": "handoff", "specs": layouts}, stage, timeout, spin=True)  # timed, as `go` is
+        reply = runner.ask({"op": "handoff", "specs": layouts}, stage, timeout, spin=True)
         seconds = time.perf_counter() - begin
         if not reply.get("ok"):
             raise CallFailed(reply.get("error", "hand-off failed"))
         return [exchange.values_of(arena.bytes, layout) for layout in layouts], seconds
+
+    def timed_handoff(self, runner: Runner, timeout: float, go_reply: dict | None, land=None) -> dict:
+        """A timed batch's hand-off, rung on the doorbell right as its forward ended: the runner lays its outputs out
+        itself from a random offset (exchange.handoff_layouts), so nothing the candidate controls runs between the
+        two clocked spans. The clock stops only once `land(offset)` (the referee reading what it checks of the
+        outputs) has run on the device: a kernel the candidate left running past its answer delays that reading,
+        since the GPU runs one process's kernels at a time, and is timed; one launched after it finds the sample
+        taken. The output arena is sized beforehand; the forward's reply is read only now. Returns the forward's
+        reply, the hand-off's, the offset, what `land` returned, the seconds the hand-off took, whether it was
+        answered on the doorbell (`rung`), and when it was asked and answered (`sent_at`, `replied_at`)."""
+        base = self.offset()
+        begin = time.perf_counter()
+        message = {"op": "handoff", "start": 0, "base": base}
+        rung = runner.ring(doorbell.HANDOFF, doorbell.HANDED, message, [0, base], "timing")
+        if rung is None:
+            go_reply = go_reply or runner.collect("timing", timeout)
+            reply = runner.collect("timing", timeout, spin=True)
+        landed = land(base) if land is not None else None
+        self.sync()
+        end = time.perf_counter()
+        if rung is not None:
+            go_reply = go_reply or runner.collect("timing", timeout)
+            reply = runner.collect("timing", timeout)
+        return {"go": go_reply, "handoff": reply, "base": base, "landed": landed, "seconds": end - begin,
+                "rung": rung is not None, "sent_at": begin, "replied_at": end}  # fmt: skip
+
+    def offset(self) -> int:
+        """Where in its room a hand-off lands: chosen as it is asked for, so it cannot be written in advance."""
+        return secrets.randbelow(exchange.OUT_SLACK // exchange.ALIGN) * exchange.ALIGN
 
     def hold(self, runner: Runner) -> list[int]:
         """On the CPU, every contestant's process stopped, the runner's children and orphans included (their threads

@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import time
 
-from concur.verify import exchange, procs, timing
+from concur.verify import checks, doorbell, exchange, procs, timing
 from concur.verify.build import describe, exec_program
 from concur.verify.runner import RunnerFailed
 
@@ -151,11 +151,7 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
     task.meta = reply["outs"][0]
     ref_handoff(referee, task, reply["outs"])
     clock("first_call")
-    samples = []
-    for _ in range(3):
-        ref_ask(task, {"op": "prepare", "calls": [{"args": specs[0]}]}, "reference")
-        samples.append(timed_go(referee, runner, ref_asker(task), {"op": "go"}, 600.0)["go_ms"])
-        ref_ask(task, {"op": "drop"}, "reference")
+    samples = [ref_round(referee, task, [specs[0]])["go_ms"] for _ in range(3)]
     task.stochastic = stochastic(referee, task, specs[0])
     with referee.quiet():  # subtracted from every timed batch of the task
         task.overhead_ms = overhead_ms(referee, task)
@@ -196,11 +192,7 @@ def batch_calls(referee, task: TaskState, specs: list[dict]) -> int:
     calls = sized(task.call_ms)
     if calls == 1:
         return 1
-    times = []
-    for _ in range(2):
-        ref_ask(task, {"op": "prepare", "calls": [{"args": specs}] * calls}, "reference")
-        times.append(timed_go(referee, task.runner, ref_asker(task), {"op": "go"}, 600.0)["go_ms"])
-        ref_ask(task, {"op": "drop"}, "reference")
+    times = [ref_round(referee, task, [specs] * calls)["go_ms"] for _ in range(2)]
     return sized(timing.per_call_ms(min(times), task.overhead_ms, calls))
 
 
@@ -235,23 +227,59 @@ def load_message(settings: dict, role: str, class_name: str, program, init: list
 def overhead_ms(referee, task) -> float:
     """The round trip of an empty batch on the reference's process, after a flush as in a timed batch (on a GPU the
     switch back to the contestant's context is part of it): subtracted from both sides."""
-    times = []
-    for _ in range(11):
-        ref_ask(task, {"op": "prepare", "calls": []}, "reference")
-        times.append(timed_go(referee, task.runner, ref_asker(task), {"op": "go"}, 600.0)["go_ms"])
+    times = [ref_round(referee, task, [])["go_ms"] for _ in range(11)]
     return sorted(times)[len(times) // 2]
 
 
-def ref_asker(task):
-    return lambda message, stage, timeout=600.0, spin=False: ref_ask(task, message, stage, timeout, spin)
+def ref_round(referee, task, calls: list[list[dict]]) -> dict:
+    """An untimed calibration batch of the reference, on inputs already in its arena, timed as a batch is."""
+    ref_ask(task, {"op": "prepare", "calls": [{"args": specs} for specs in calls]}, "reference", spin=True)
+    with reference_side():
+        return timed_round(referee, task.runner, {"op": "go"}, 600.0, task.meta, len(calls))
 
 
-def timed_go(referee, runner, ask, go: dict, timeout: float, calls: list | None = None, specs: list | None = None):
-    """The timed part of a batch, on the referee's clock: the batch's inputs written into the runner's arena (the
+def timed_round(
+    referee, runner, go: dict, timeout: float, meta: list[dict], n: int, calls=None, specs=None, gather=None
+) -> dict:
+    """A timed batch of `n` calls after the runner's `prepare`: its forward (timed_go), then the hand-off of its
+    outputs (referee.timed_handoff), each on the referee's clock. `meta`: the reference's output metadata of one
+    call, which sizes the output arena beforehand and lays out the outputs that `gather(outputs_of)` reads on the
+    hand-off's clock (outputs_of(i): call i's outputs as views of the arena). Returns timed_go's readings with the
+    forward's reply (`reply`, naming its outputs), `handoff_ms`, what `gather` returned (`gathered`), the outputs
+    as the reply lays them out (None where that is not as `meta`, checks.batch_structure: the caller judges), and
+    the hand-off's reply and clock readings (`handoff`). Raises CallFailed on an error reply."""
+    _, end = exchange.handoff_layouts([meta] * n)
+    arena = runner.arena("out", end + exchange.OUT_SLACK, "timing")
+
+    def land(base: int):
+        layouts = exchange.handoff_layouts([meta] * n, 0, base)[0]
+        return gather(lambda i: exchange.values_of(arena.bytes, layouts[i])) if gather else None
+
+    timed = timed_go(referee, runner, go, timeout, calls, specs)
+    handed = referee.timed_handoff(runner, timeout, timed["reply"], land)
+    reply = timed["reply"] = handed["go"]
+    if not reply.get("ok"):
+        raise CallFailed(reply.get("error", "call failed"))
+    outputs = None
+    if checks.batch_structure(reply.get("outs"), meta, n) is None:
+        if not handed["handoff"].get("ok"):
+            raise CallFailed(handed["handoff"].get("error", "hand-off failed"))
+        layouts, _ = exchange.handoff_layouts(reply["outs"], 0, handed["base"])
+        outputs = [exchange.values_of(arena.bytes, layout) for layout in layouts]
+    rung = {"go": timed["rung"], "handoff": handed["rung"]}
+    handoff = {key: handed[key] for key in ("sent_at", "replied_at")} | {"reply": handed["handoff"]}
+    return {**timed, "handoff_ms": 1000.0 * handed["seconds"], "outputs": outputs, "gathered": handed["landed"],
+            "rung": rung, "handoff": handoff}  # fmt: skip
+
+
+def timed_go(referee, runner, go: dict, timeout: float, calls: list | None = None, specs: list | None = None):
+    """The forward of a timed batch, on the referee's clock: the batch's inputs written into the runner's arena (the
     contestant has made its views of it already, but nothing it could compute on before this clock started), the
-    caches flushed, then `go` and its reply. On the CPU the runner's processes are stopped while it is written.
-    Returns the reply, `stage_ms` (writing and flush), `go_ms` (the rest: the batch's forward), the runner's `cpu_s`
-    during go, and when `go` was sent and its reply came (`sent_at`, `replied_at`: the monotonic clock)."""
+    caches flushed, then `go` rung and sent, until the contestant rings back (or, without the doorbell, replies).
+    On the CPU the runner's processes are stopped while it is written. Returns the reply (None where it is still to
+    be read: see timed_round), `stage_ms` (writing and flush), `go_ms` (the rest: the batch's forward), the
+    runner's `cpu_s` during go, when `go` was sent and answered (`sent_at`, `replied_at`: the monotonic clock), and
+    whether the answer came on the doorbell (`rung`)."""
     held = referee.hold(runner)
     begin = time.perf_counter()
     try:
@@ -263,8 +291,9 @@ def timed_go(referee, runner, ask, go: dict, timeout: float, calls: list | None 
     staged = time.perf_counter()
     cpu = procs.cpu_seconds(runner.pid)
     sent = time.perf_counter()
-    reply = ask(go, "timing", timeout, True)
-    end = time.perf_counter()
+    rung = runner.ring(doorbell.GO, doorbell.DONE, go, go.get("seeds"), "timing")
+    reply = None if rung is not None else runner.collect("timing", timeout, spin=True)
+    end = rung or time.perf_counter()
     return {
         "reply": reply,
         "stage_ms": 1000.0 * (staged - begin),
@@ -272,6 +301,7 @@ def timed_go(referee, runner, ask, go: dict, timeout: float, calls: list | None 
         "cpu_s": procs.cpu_seconds(runner.pid) - cpu,
         "sent_at": sent,
         "replied_at": end,
+        "rung": rung is not None,
     }
 
 

@@ -8,7 +8,7 @@ import secrets
 import shutil
 from pathlib import Path
 
-from concur.verify import exchange, procs
+from concur.verify import doorbell, exchange, procs
 
 READY_TIMEOUT_S = 120.0
 PASSED_ENV = (
@@ -91,26 +91,42 @@ class Runner:
         self.arenas: dict[str, exchange.Arena | None] = {"in": None, "out": None}
         self.sandbox: str | None = None
         self.killed = False
+        self.bell: doorbell.Bell | None = None
+        self.owed: list[str] = []  # nonces of the commands sent whose replies are not read yet
 
     def ready(self) -> None:
         if self.sandbox is None:
-            reply = self.ask({"op": "ready"}, "start", READY_TIMEOUT_S, send=False)
+            reply = self.collect("start", READY_TIMEOUT_S)
             if not reply.get("ok"):
                 raise RunnerFailed("crash", "start", reply.get("error", "contestant did not start"))
             self.sandbox = reply["sandbox"]
             self.startup_s = float(reply.get("startup_s") or 0.0)
+            if self.spin_s > 0:  # the timed steps are signalled on a doorbell both ends spin on
+                bell = doorbell.Bell()
+                if self.ask({"op": "bell"}, "start", 60.0, [bell.fd]).get("ok"):
+                    self.bell = bell
+                else:
+                    bell.close()
 
-    def ask(
-        self, message: dict, stage: str, timeout: float, fds: list[int] = (), send: bool = True, spin: bool = False
-    ) -> dict:
-        """Send a command, wait for the reply under a deadline; kill the process over a limit. `spin`: a timed
+    def ask(self, message: dict, stage: str, timeout: float, fds: list[int] = (), spin: bool = False) -> dict:
+        """Send a command, wait for its reply under a deadline; kill the process over a limit. `spin`: a timed
         command, whose reply is awaited without sleeping (procs.Channel.recv)."""
+        if self.owed:
+            raise RuntimeError(f"{len(self.owed)} replies not read before a new command")
+        self.send(message, stage, fds)
+        return self.collect(stage, timeout, spin)
+
+    def send(self, message: dict, stage: str, fds: list[int] = ()) -> None:
+        """Send a command whose reply `collect` reads later (replies come in the order of their commands)."""
         nonce = secrets.token_hex(8)
         try:
-            if send:
-                self.channel.send({**message, "nonce": nonce}, fds)
+            self.channel.send({**message, "nonce": nonce}, fds)
         except (BrokenPipeError, ConnectionResetError):
             raise RunnerFailed("crash", stage, procs.describe_exit(self.zygote.wait(self.pid, 5.0))) from None
+        self.owed.append(nonce)
+
+    def collect(self, stage: str, timeout: float, spin: bool = False) -> dict:
+        """The reply to the oldest command sent (the ready message, before any)."""
         try:
             reply = procs.await_reply(
                 self.channel,
@@ -123,10 +139,22 @@ class Runner:
             )
         except procs.Stopped as err:
             raise RunnerFailed(err.kind, stage, err.detail, timeout if err.kind == "timeout" else 0.0) from None
-        if send and reply.get("nonce") != nonce:  # a reply written before the command was read: forged
+        if self.owed and reply.get("nonce") != self.owed.pop(0):  # a reply written before the command was read
             self.end()
             raise RunnerFailed("protocol", stage, "a reply that does not answer the command sent")
         return reply
+
+    def ring(self, slot: int, answer: int, message: dict, payload: list[int] | None, stage: str) -> float | None:
+        """A timed step: ring `slot` on the doorbell with a fresh token and send the same command over the socket;
+        spin until the contestant rings `answer` with that token. When it did, or None (no doorbell, or no answer
+        there within the spin: the reply on the socket ends the step). The reply is left to `collect`."""
+        token = secrets.randbits(62)
+        if self.bell is not None:
+            self.bell.ring(slot, token, payload)
+        self.send({**message, "token": token}, stage)
+        if self.bell is None:
+            return None
+        return self.bell.await_token(answer, token, self.spin_s, self.channel.sock)
 
     def arena(self, slot: str, nbytes: int, stage: str) -> exchange.Arena:
         """The arena of this slot, replaced by a larger one (and shared again) when it is too small."""
@@ -160,6 +188,9 @@ class Runner:
             self.zygote.wait(self.pid, 30.0)
             self.channel.close()
             self.pid = 0
+        if self.bell is not None:
+            self.bell.close()
+            self.bell = None
         for slot, arena in self.arenas.items():
             if arena is not None:
                 arena.close()
