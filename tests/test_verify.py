@@ -258,9 +258,19 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
     honest = EARLY_RINGER.split("_harness =")[0] + "class ModelNew" + EARLY_RINGER.split("class ModelNew")[1]
     mine = sorted(os.sched_getaffinity(0))
     settings = normalize_settings(
-        {"device": "cpu", "mode": "hardened", "timeout_s": 300, "workers": 1, "correctness_trials": 2,
-         "signed_trials": 0, "warmup": 1, "timing_min_s": 0.3, "build_cache": str(tmp_path / "cache")}  # fmt: skip
+        {
+            "device": "cpu",
+            "mode": "hardened",
+            "timeout_s": 300,
+            "workers": 1,
+            "correctness_trials": 2,
+            "signed_trials": 0,
+            "warmup": 1,
+            "timing_min_s": 0.3,
+            "build_cache": str(tmp_path / "cache"),
+        }
     )
+    # four cores listed (repeats allowed) give the referee cores to spin on (referee.split_cores), even on two
     referee = orchestrate.RefereeHandle("cpu", None, tmp_path / "cache", 1, 1, True, False, (mine * 4)[:4])
     found = {}
     try:
