@@ -30,6 +30,7 @@ RELU_ADD = [
     "ghost",
     "alias",
     "deferred",
+    "late_handoff",
     "memo_pointer",
     "tamper",
 ]
@@ -146,6 +147,10 @@ def test_hardened_counts_work_on_every_stream_and_past_the_reply(verdicts):
     assert deferred.status in ("correct", "incorrect")
     if deferred.status == "correct":  # its reply came before its work; the hand-off paid for it
         assert deferred.speedup < 1.0 and "timing:deferred_work" in deferred.flags
+    late = hardened.loc["late_handoff"]  # computes after the hand-off's answer, before the referee reads
+    assert late.status in ("correct", "incorrect"), late.reason
+    if late.status == "correct":  # then the referee's reading waited for that work, on the hand-off's clock
+        assert late.speedup < 1.25 * hardened.loc["fast"].speedup and "timing:deferred_work" in late.flags
 
 
 def test_hardened_sees_through_tampering_caching_and_global_flags(verdicts):

@@ -146,7 +146,37 @@ def _memo_relu_add(x, y, scale):
     return _memo[key]
 ext = type("Memo", (), {"relu_add": staticmethod(_memo_relu_add)})
 """
-EXTRAS = {"tamper": TAMPER, "deferred": NO_SYNC, "memo_pointer": MEMO}
+# a timed batch's forward returns outputs nothing has written yet; the harness's hand-off is patched to copy them,
+# answer, and only then compute the real outputs into the output arena where the referee reads them (untimed calls
+# compute honestly, so the correctness trials pass)
+LATE_HANDOFF = """
+_state = {"timed": False, "inputs": []}
+_harness = __import__("sys").modules["concur.verify." + "contestant"].Contestant
+_forward, _handoff = getattr(_harness, "for" + "ward"), getattr(_harness, "hand" + "off")
+def _timed_forward(self, msg):
+    _state["timed"] = isinstance(msg.get("token"), int)
+    return _forward(self, msg)
+def _late_handoff(self, msg):
+    if not _state["timed"] or msg.get("specs") is not None:
+        return _handoff(self, msg)
+    views, _ = self.landing(self.arenas["out"].bytes, int(msg["start"]), int(msg["base"]))
+    reply = _handoff(self, msg)
+    for (x, y, scale), view in zip(_state["inputs"], views):
+        view.copy_(_compute(x, y, scale).reshape(-1))
+    _state["inputs"].clear()
+    return reply
+setattr(_harness, "for" + "ward", _timed_forward)
+setattr(_harness, "hand" + "off", _late_handoff)
+_compute = ext.relu_add
+def _deferring(x, y, scale):
+    if not _state["timed"]:
+        return _compute(x, y, scale)
+    _state["inputs"].append((x, y, scale))
+    _compute(x[:1], y[:1], scale)
+    return torch.empty_like(x)
+ext = type("Late", (), {"relu_add": staticmethod(_deferring)})
+"""
+EXTRAS = {"tamper": TAMPER, "deferred": NO_SYNC, "memo_pointer": MEMO, "late_handoff": LATE_HANDOFF}
 
 GEMM_BIAS_RELU = '''import torch
 import torch.nn as nn

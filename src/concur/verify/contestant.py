@@ -244,12 +244,8 @@ class Contestant:
             self.early["handoff"] = (handed[0], run(self.handoff, {"token": handed[0], "start": start, "base": base}))
         self.early["go"] = (token, run(self.report, forward, produced))
 
-    def outs(self, msg: dict) -> dict:
-        """dtype and shape of every kept output (calls' lists of leaves)."""
-        return {"ok": True, "outs": [[leaf_meta(leaf) for leaf in produced] for produced in self.pending]}
-
     def call(self, msg: dict) -> dict:
-        """prepare, go and outs in one round trip (the calls nobody times)."""
+        """prepare and go in one round trip (the calls nobody times)."""
         self.prepare(msg)
         return self.go({"seeds": [entry.get("seed") for entry in msg["calls"]]})
 

@@ -232,7 +232,8 @@ def overhead_ms(referee, task) -> float:
 
 
 def ref_round(referee, task, calls: list[list[dict]]) -> dict:
-    """An untimed calibration batch of the reference, on inputs already in its arena, timed as a batch is."""
+    """A calibration batch of the reference on inputs already in its arena, run and timed as a timed batch is (its
+    outputs are handed off and not kept)."""
     ref_ask(task, {"op": "prepare", "calls": [{"args": specs} for specs in calls]}, "reference", spin=True)
     with reference_side():
         return timed_round(referee, task.runner, {"op": "go"}, 600.0, task.meta, len(calls))
