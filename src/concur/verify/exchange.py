@@ -284,8 +284,8 @@ def values_of(arena_bytes, specs: list[dict]) -> list:
 
 def handoff_layouts(calls: list[list[dict]], start: int = 0, base: int = 0) -> tuple[list[list[dict]], int]:
     """Where a hand-off puts the outputs of each call (leaf metadata per call): contiguous from `start`, call after
-    call, everything shifted by `base`. Returns the layouts and where the last one ends before the shift. The
-    referee computes them from the reference's outputs, a contestant from its own: the same bytes when they agree."""
+    call, everything shifted by `base`. Returns the layouts and where the last one ends before the shift. A
+    contestant on the doorbell lays its own outputs out by the same rule (Contestant.landing)."""
     layouts, end = [], aligned(start)
     for metas in calls:
         layout = output_layout(metas, end)

@@ -249,12 +249,15 @@ def timed_round(
     forward's reply (`reply`, naming its outputs), `handoff_ms`, what `gather` returned (`gathered`), the outputs
     as the reply lays them out (None where that is not as `meta`, checks.batch_structure: the caller judges), and
     the hand-off's reply and clock readings (`handoff`). Raises CallFailed on an error reply."""
-    _, end = exchange.handoff_layouts([meta] * n)
+    expected, end = exchange.handoff_layouts([meta] * n)  # before the clock: on it, only the read calls are shifted
     arena = runner.arena("out", end + exchange.OUT_SLACK, "timing")
 
     def land(base: int):
-        layouts = exchange.handoff_layouts([meta] * n, 0, base)[0]
-        return gather(lambda i: exchange.values_of(arena.bytes, layouts[i])) if gather else None
+        def outputs_of(i: int) -> list:
+            shifted = [{**s, "off": s["off"] + base} if s["t"] == "tensor" else s for s in expected[i]]
+            return exchange.values_of(arena.bytes, shifted)
+
+        return gather(outputs_of) if gather else None
 
     timed = timed_go(referee, runner, go, timeout, calls, specs)
     handed = referee.timed_handoff(runner, timeout, timed["reply"], land)

@@ -1,20 +1,20 @@
 """How the referee times both models (hardened mode): pure functions, so the rules can be tested without a GPU.
 
-A timed batch is B calls of forward, each on inputs drawn fresh for it, run back to back by the contestant and
-ended by a device-wide synchronisation. The contestant makes its views of the input arena first; then the referee's
-clock starts, the inputs are written into the arena and the caches flushed, the batch is sent, and the clock stops
-at its reply. Nothing a candidate could compute on is in its reach before that clock starts. The writing is taken
-off again, and whatever the candidate's median writing takes beyond the reference's (and COPY_SLACK of it) is added
-to its time: its kernels time-share the GPU with the referee's, so work that ran while its inputs landed lengthened
-the writing. B grows until a batch lasts a few milliseconds, so the message round trip (measured on the
-reference's process and subtracted from both) is a small share of it. The outputs then move to the referee in a
-separate, also timed, hand-off: work a candidate defers past its reply shows up there, and whatever its median
-hand-off takes beyond the reference's (and COPY_SLACK of it) is added to its time. Medians, not batch by batch: a
-batch's forward and hand-off move together when work shifts from one to the other, so the sum of their medians
-counts it whole, while the noise of single hand-offs does not pile up on one side. The reference is timed first,
-before the candidate's code is loaded, until it has run `timing_min_s` (at least MIN_BATCHES batches); the
-candidate then replays the same batches, stopping early once it is clearly slower than eager. Speedup: the ratio
-of the medians of per-call times.
+A timed batch is B calls of forward, each on inputs drawn fresh for it, run back to back by the contestant and ended
+by a device-wide synchronisation. The contestant makes its views of the input arena first; then the referee's clock
+starts, the inputs are written into the arena and the caches flushed, the batch is rung (concur.verify.doorbell),
+and the clock stops when the contestant rings back. Nothing a candidate could compute on is in its reach before that
+clock starts. The writing is taken off again, and whatever the candidate's median writing takes beyond the
+reference's (and COPY_SLACK of it) is added to its time: its kernels time-share the GPU with the referee's, so work
+that ran while its inputs landed lengthened the writing. B grows until a batch lasts a few milliseconds, so the
+message round trip (measured on the reference's process and subtracted from both) is a small share of it. The
+outputs then move to the referee in a separate hand-off, rung at once and timed until the referee has read its
+sample: work a candidate defers past its reply shows up there, and whatever its median hand-off takes beyond the
+reference's (and COPY_SLACK of it) is added to its time. Medians, not batch by batch: a batch's forward and hand-off
+move together when work shifts from one to the other, so the sum of their medians counts it whole, while the noise
+of single hand-offs does not pile up on one side. The reference is timed first, before the candidate's code is
+loaded, until it has run `timing_min_s` (at least MIN_BATCHES batches); the candidate then replays the same batches,
+stopping early once it is clearly slower than eager. Speedup: the ratio of the medians of per-call times.
 """
 
 from __future__ import annotations
