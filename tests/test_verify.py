@@ -286,3 +286,46 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
     early, honest_ms = found["early"], found["honest"]["new"]["median_ms"]
     assert early["deferred"] and early["new"]["copy_excess_ms"] > 0.5 * honest_ms
     assert early["new"]["median_ms"] > 0.7 * honest_ms
+
+
+SLEEPY = """
+import time
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        time.sleep(0.3)
+        return x * 2
+
+
+def get_inputs():
+    return [torch.randn(8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_batches_longer_than_the_spin_are_timed_as_long_as_they_run(tmp_path):
+    """A batch of 0.3 s outlasts the referee's spin on the doorbell (0.2 s): it reads the reply from the socket,
+    and the contestant, seeing it left, replies at once: 0.3 s a call on both sides, not the spin on top."""
+    from concur.verify import api, orchestrate
+
+    mine = sorted(os.sched_getaffinity(0))
+    settings = normalize_settings(
+        {"device": "cpu", "mode": "hardened", "timeout_s": 300, "workers": 1, "correctness_trials": 1,
+         "signed_trials": 0, "warmup": 1, "build_cache": str(tmp_path / "cache")}
+    )  # fmt: skip
+    referee = orchestrate.RefereeHandle("cpu", None, tmp_path / "cache", 1, 1, True, False, (mine * 4)[:4])
+    try:
+        job = {"candidate_id": "sleepy", "task_id": "sleepy", "reference": SLEEPY,
+               "solution": SLEEPY.replace("class Model", "class ModelNew"), "build_dir": None, "kernels": None,
+               "settings": api.job_settings(settings)}  # fmt: skip
+        timing = referee.evaluate(job, 300)["timing"]
+    finally:
+        referee.close()
+    for side in ("ref", "new"):
+        assert 290.0 < timing[side]["median_ms"] < 400.0, timing[side]

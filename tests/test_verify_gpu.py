@@ -13,7 +13,8 @@ import torch
 from verify_cuda_solutions import solution
 from verify_frames import candidates_frame, tasks_frame
 
-from concur.verify import compile_frame, verify_frame
+from concur.verify import api, compile_frame, verify_frame
+from concur.verify.reference import CALL_FLOOR_S, FIRST_CALL_EXTRA_S
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -22,6 +23,7 @@ TASKS = {"relu_add": "task_relu_add.py", "gemm_bias_relu": "task_gemm_bias_relu.
 RELU_ADD = [
     "fast",
     "slow",
+    "crawl",
     "wrong",
     "compile_error",
     "illegal_access",
@@ -72,11 +74,20 @@ def verdicts(cache, tmp_path_factory):
     )
     settings = {**SETTINGS, "build_cache": cache}
     builds = compile_frame(candidates, {**settings, "mode": "kernelbench"}, tmp_path_factory.mktemp("c"), False)
-    out = {"builds": builds.set_index("candidate_id")}
+    out = {"builds": builds.set_index("candidate_id"), "facts": {}}
     for mode, chosen in (("kernelbench", candidates["candidate_id"].isin(BOTH)), ("hardened", slice(None))):
-        table = verify_frame(
-            candidates[chosen], tasks(), {**settings, "mode": mode}, tmp_path_factory.mktemp(mode), False, builds=builds
-        )
+        api.FACTS_SINK = lambda cid, facts, mode=mode: out["facts"].__setitem__((mode, cid), facts)
+        try:
+            table = verify_frame(
+                candidates[chosen],
+                tasks(),
+                {**settings, "mode": mode},
+                tmp_path_factory.mktemp(mode),
+                False,
+                builds=builds,
+            )
+        finally:
+            api.FACTS_SINK = None
         out[mode] = table.set_index("candidate_id")
     loose = candidates[candidates["candidate_id"].isin(["fp16_gemm", "tf32_flag"])]
     out["loose"] = verify_frame(
@@ -90,7 +101,8 @@ def verdicts(cache, tmp_path_factory):
     report = os.environ.get("CONCUR_GPU_REPORT")
     if report:
         for name, table in out.items():
-            table.to_csv(Path(report) / f"{name}.csv")
+            if name != "facts":
+                table.to_csv(Path(report) / f"{name}.csv")
     return out
 
 
@@ -128,6 +140,24 @@ def test_wrong_and_faulty_candidates(verdicts):
         assert not table.loc["illegal_access", "reason"].startswith("reference:")
     hang = verdicts["hardened"].loc["hang"]
     assert hang.status == "timeout" and hang.eval_s < 60  # a hang costs its call's deadline, not timeout_s
+    # its forward returned at once: the first call's extra time for set-up was not spent waiting on the kernel
+    failure = verdicts["facts"][("hardened", "hang")]["failure"]
+    assert failure["kind"] == "timeout" and failure["seconds"] < CALL_FLOOR_S + FIRST_CALL_EXTRA_S / 2, failure
+
+
+def test_clearly_slower_kernels_are_timed_by_their_correctness_calls(verdicts):
+    """`crawl` (eight threads for 16M elements) runs each correctness call for longer than a timed batch must run
+    and many times the reference: those calls, the pool stopped, give its time. `slow` (one warp) is as clearly
+    slower, but its calls are shorter than that: timed in batches, as `fast` is."""
+    hardened, facts = verdicts["hardened"], verdicts["facts"]
+    crawl = facts[("hardened", "crawl")]
+    assert hardened.loc["crawl", "status"] == "correct", hardened.loc["crawl", "reason"]
+    assert crawl["timing"].get("settled_by") == "correctness calls", crawl["timing"]
+    assert hardened.loc["crawl", "new_median_ms"] >= 100.0 and hardened.loc["crawl", "speedup"] < 0.1
+    for cid in ("slow", "fast"):
+        assert "settled_by" not in facts[("hardened", cid)]["timing"] and facts[("hardened", cid)]["timed"]["calls"]
+    assert hardened.loc["slow", "speedup"] > hardened.loc["crawl", "speedup"]
+    assert facts[("hardened", "fast")]["profile"]["launched_own"]  # profiled on its first correctness call
 
 
 def test_hardened_rejects_kernels_that_do_not_do_the_work(verdicts):

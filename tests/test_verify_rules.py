@@ -1,12 +1,14 @@
 """The verifier's rules on their own, without processes: the check table, the timing rules, what crosses between
 processes, the degenerate probe, KernelBench's seeds, and the sandbox (in a forked child)."""
 
+import contextlib
 import math
 import os
 import random
 import socket
 import statistics
 import struct
+import threading
 import time
 
 import pytest
@@ -389,6 +391,53 @@ def test_a_spinning_receive_still_keeps_its_deadline():
     receiver.close()
 
 
+def test_the_first_calls_extra_time_ends_once_its_forward_has_returned():
+    """One-time set-up runs in forward (module loads, library handles), so a call whose forward has returned waits
+    only on its kernels: from then on the plain deadline holds. A call that never says so keeps the whole extra."""
+
+    def answer(notice_after: float | None, reply_after: float) -> tuple[str, float]:
+        left, right = socket.socketpair()
+        child, referee = procs.Channel(left), procs.Channel(right)
+
+        def contestant():
+            if notice_after is not None:
+                time.sleep(notice_after)
+                child.send({"launched": True, "nonce": "n"})
+            time.sleep(reply_after)
+            with contextlib.suppress(OSError):
+                child.send({"ok": True, "nonce": "n"})
+
+        thread = threading.Thread(target=contestant, daemon=True)
+        begin = time.perf_counter()
+        thread.start()
+        try:
+            kind = "ok" if procs.await_reply(referee, None, os.getpid(), 1.5, 1 << 40, 1 << 20, 0.05, 0, 0.3) else ""
+        except procs.Stopped as err:
+            kind = err.kind
+        waited = time.perf_counter() - begin
+        referee.close()
+        thread.join()
+        child.close()
+        return kind, waited
+
+    assert answer(None, 0.7)[0] == "ok"  # set-up in forward: 0.7 s of the 1.5 allowed
+    assert answer(0.5, 0.1)[0] == "ok"  # set-up, then kernels within the plain deadline
+    kind, waited = answer(0.0, 1.0)  # launched at once, then kernels that outlast the plain deadline: a hang
+    assert kind == "timeout" and waited < 0.8
+    kind, waited = answer(1.3, 0.5)  # never later than the whole deadline
+    assert kind == "timeout" and waited < 1.9
+
+
+def test_clearly_slower_candidates_are_settled_by_long_untimed_calls():
+    """Correctness calls of 200 ms, 10x the reference: their median is the candidate's time, no batch is run; short
+    calls, too few, or a candidate less than SLOWER_STOP times slower are timed in batches."""
+    assert timing.slower_by_calls([200.0, 210.0, 190.0], 0.1, reference_median_ms=20.0)
+    assert not timing.slower_by_calls([200.0, 210.0], 0.1, reference_median_ms=20.0)  # too few
+    assert not timing.slower_by_calls([200.0, 210.0, 20.0], 0.1, reference_median_ms=2.0)  # one call too short
+    assert not timing.slower_by_calls([200.0, 210.0, 190.0], 0.1, reference_median_ms=100.0)  # 2x: timed on
+    assert not timing.slower_by_calls([40.0] * 5, 0.1, reference_median_ms=1.0)  # short calls: batches say it
+
+
 def test_warm_up_ends_after_one_slow_batch(monkeypatch):
     """Honest slow kernels are not made to run `warmup` batches of seconds each; fast ones still get all of them."""
     from concur.verify import measure
@@ -598,6 +647,21 @@ def test_a_doorbell_answers_across_processes_and_gives_way_to_the_socket():
     finally:
         os.waitpid(pid, 0)
         bell.close()
+
+
+def test_a_referee_that_stops_spinning_says_so_and_the_contestant_stops_waiting():
+    """A batch longer than the referee's spin: the referee marks LEFT and reads the socket; the contestant, done,
+    finds the mark and replies at once rather than spinning on for a hand-off ring that will not come."""
+    bell = doorbell.Bell()
+    bell.ring(doorbell.GO, 5)
+    assert bell.await_token(doorbell.DONE, 5, 0.01) is None
+    begin = time.perf_counter()
+    assert bell.await_new(doorbell.HANDOFF, None, 5.0, (doorbell.DONE, 5)) is None
+    assert time.perf_counter() - begin < 1.0
+    bell.ring(doorbell.HANDOFF, 6, [0, 0])  # a hand-off rung before the contestant looked still wins
+    assert bell.await_new(doorbell.HANDOFF, None, 5.0, (doorbell.DONE, 5)) == (6, [0, 0])
+    assert bell.await_new(doorbell.HANDOFF, 6, 0.01, (doorbell.DONE, 7)) is None  # another batch's mark: spins on
+    bell.close()
 
 
 def test_a_contestant_lands_its_outputs_where_the_referee_reads_them():

@@ -54,6 +54,8 @@ VARIANTS = {
     },
     # one warp for 16M elements: correct and much slower than eager
     "slow": {"HOST": LAUNCH.replace("(unsigned)((n + 255) / 256), 256", "1, 32")},
+    # eight threads for 16M elements: a call takes longer than a timed batch must run
+    "crawl": {"HOST": LAUNCH.replace("(unsigned)((n + 255) / 256), 256", "1, 8")},
     "wrong": {"BODY": "out[i] = (x[i] + y[i]) * scale;"},
     "compile_error": {"BODY": "out[i] = undeclared_value;"},
     "illegal_access": {"BODY": "out[i * 4096 + 100000000] = 1.f;"},

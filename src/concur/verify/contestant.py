@@ -11,6 +11,7 @@ its code, so the referee trusts none of it beyond the bytes it can check and the
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import time
 import traceback
@@ -77,6 +78,7 @@ class Contestant:
         self.bell: doorbell.Bell | None = None
         self.last = {doorbell.GO: None, doorbell.HANDOFF: None}  # the last token heard on each ringing slot
         self.early: dict[str, tuple[int, dict]] = {}  # replies to steps run from the doorbell, by command
+        self.launched = None  # called once forward has returned, before the device is waited for (if asked)
         self.guarded = guarded()
         torch.set_num_threads(max(1, int(spec.get("threads", 1))))
         start = time.perf_counter()
@@ -193,6 +195,9 @@ class Contestant:
                     self.pending.append(leaves(model(*args)))
             if events:
                 events[1].record()
+            if self.launched is not None:
+                self.launched()
+                self.launched = None
             self._sync()
             end = own["end_at"] = time.perf_counter()
         finally:
@@ -226,9 +231,9 @@ class Contestant:
 
     def from_bell(self, spin_s: float, run) -> None:
         """After `prepare`: wait on the doorbell for `go`, run its timed part, then the same for the hand-off, and
-        only then write their replies, kept for their commands, which follow on the socket. Gives up after spin_s
-        (the socket then brings them). `run(method, msg)` calls a command as the command loop does, errors
-        included."""
+        only then write their replies, kept for their commands, which follow on the socket. Gives up after spin_s,
+        or once the referee has left the bell for the socket (doorbell.LEFT): the socket then brings them.
+        `run(method, msg)` calls a command as the command loop does, errors included."""
         heard = self.bell.await_new(doorbell.GO, self.last[doorbell.GO], spin_s)
         if heard is None:
             return
@@ -236,7 +241,7 @@ class Contestant:
         token, seeds = heard
         self.last[doorbell.GO] = token
         forward, produced = run(self.forward, {"token": token, "seeds": seeds}), self.pending
-        handed = self.bell.await_new(doorbell.HANDOFF, self.last[doorbell.HANDOFF], spin_s)
+        handed = self.bell.await_new(doorbell.HANDOFF, self.last[doorbell.HANDOFF], spin_s, (doorbell.DONE, token))
         if handed is not None and handed[1] and len(handed[1]) == 2:
             self.received_at = time.perf_counter()
             self.last[doorbell.HANDOFF] = handed[0]
@@ -245,9 +250,15 @@ class Contestant:
         self.early["go"] = (token, run(self.report, forward, produced))
 
     def call(self, msg: dict) -> dict:
-        """prepare and go in one round trip (the calls nobody times)."""
+        """prepare and go in one round trip (the calls nobody times); `profile`: go under the profiler, and the
+        names of what it ran in the reply (as `profile` gives them)."""
         self.prepare(msg)
-        return self.go({"seeds": [entry.get("seed") for entry in msg["calls"]]})
+        go = {"seeds": [entry.get("seed") for entry in msg["calls"]]}
+        if not msg.get("profile"):
+            return self.go(go)
+        replies = []
+        prof = self._profile(lambda: replies.append(self.go(go)))
+        return {**replies[0], "names": self._names(prof)}
 
     def handoff(self, msg: dict) -> dict:
         """Copy the kept outputs into the output arena at the offsets the referee chose (`specs`), or, rung on the
@@ -342,13 +353,18 @@ class Contestant:
         args = self._values(msg["args"])
         with torch.no_grad():
             prof = self._profile(lambda: self.model(*args))
+        return {"ok": True, "names": self._names(prof)}
+
+    def _names(self, prof) -> dict[str, int]:
+        import torch
+
         cuda = self.device.type == "cuda"
         names: dict[str, int] = {}
         for event in prof.events():
             on_device = getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
             if on_device if cuda else event.name.startswith("aten::"):
                 names[event.name] = names.get(event.name, 0) + 1
-        return {"ok": True, "names": names}
+        return names
 
     def _profile(self, fn):
         from torch.profiler import ProfilerActivity, profile
@@ -442,6 +458,9 @@ def serve(channel, spec: dict, sandbox: str) -> int:
         op = msg.get("op")
         if op == "quit":
             break
+        # asked for: the referee's deadline shrinks once forward has returned
+        notice = {"launched": True, "nonce": msg.get("nonce")}
+        contestant.launched = functools.partial(channel.send, notice) if msg.get("launched") is True else None
         early = contestant.early.pop(op, None)
         if early is not None and early[0] == msg.get("token"):
             reply = early[1]  # run already, rung on the doorbell

@@ -7,8 +7,14 @@ a checksum) and spins on the answering slot; the contestant spins on the ringing
 over the socket as well, right after its ring, and every reply too: a side that does not spin (fewer than 4 cores)
 answers from the socket, and the socket keeps both in lockstep.
 
+The referee spins only so long (a batch of seconds gains nothing from it): when it stops, it marks the answering
+slot's LEFT twin with the token and reads the reply from the socket. A contestant that finds that mark after
+ringing `done` writes its reply at once instead of waiting on the bell for a hand-off that will come by the socket:
+a batch longer than the spin must not be timed until the contestant's own wait ran out.
+
 A candidate can write this page. A token is random, so `done` cannot be rung before `go` was read; ringing it
-early only moves the work into the hand-off, which is timed too (concur.verify.timing).
+early only moves the work into the hand-off, which is timed too (concur.verify.timing); marking LEFT itself only
+sends its own hand-off over the socket.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import time
 PAGE = 4096
 MAX_PAYLOAD = 64  # words: a batch's seeds (timing.MAX_BATCH)
 GO, DONE, HANDOFF, HANDED = 0, 1024, 2048, 3072  # byte offsets of the slots, each on lines of its own
+LEFT = 512  # from an answering slot: where the referee marks that it stopped spinning on it (a token, no payload)
 _HEAD = struct.Struct("<qqq")  # token, payload length (-1: none), checksum
 CHECK_EVERY = 4096  # spins between looks at the socket (a reply there means the other side gave up on the bell)
 
@@ -66,20 +73,24 @@ class Bell:
     def token(self, slot: int) -> int:
         return struct.unpack_from("<q", self.map, slot)[0]
 
-    def await_new(self, slot: int, last: int | None, spin_s: float) -> tuple[int, list[int] | None] | None:
-        """Spin until the slot holds a whole ring other than `last` (the contestant's side); None after spin_s."""
+    def await_new(
+        self, slot: int, last: int | None, spin_s: float, left: tuple[int, int] | None = None
+    ) -> tuple[int, list[int] | None] | None:
+        """Spin until the slot holds a whole ring other than `last` (the contestant's side); None after spin_s, or
+        as soon as `left` = (answering slot, token) says the referee stopped spinning on that answer."""
         end = time.perf_counter() + spin_s
         while True:
             if self.token(slot) != last:
                 found = self.read(slot)
                 if found is not None and found[0] != last:
                     return found
-            if time.perf_counter() > end:
+            if time.perf_counter() > end or (left is not None and self.token(left[0] + LEFT) == left[1]):
                 return None
 
     def await_token(self, slot: int, token: int, spin_s: float, sock=None) -> float | None:
         """Spin until the slot holds `token` (the referee's side): when it did, or None after spin_s or as soon as
-        something arrives on `sock` (the other side answered there instead, or is gone)."""
+        something arrives on `sock` (the other side answered there instead, or is gone). Giving up, it marks LEFT
+        first and looks once more: an answer rung before the mark is still taken."""
         if spin_s <= 0:
             return time.perf_counter() if self.token(slot) == token else None
         end, spins = time.perf_counter() + spin_s, 0
@@ -89,6 +100,7 @@ class Bell:
             spins += 1
             if spins % CHECK_EVERY == 0:
                 if time.perf_counter() > end or (sock is not None and select.select([sock], [], [], 0)[0]):
+                    struct.pack_into("<q", self.map, slot + LEFT, token)
                     return time.perf_counter() if self.token(slot) == token else None
 
     def close(self) -> None:

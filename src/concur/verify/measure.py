@@ -179,6 +179,17 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     forward, stages, handoffs, prepares, cpu_s, own = [], [], [], [], [], []
     timed = {"calls": 0, "mismatch": None, "mutated": []}
     reference = timing.summary(plan["per_call"])
+    steady = timing.per_call_times([1000.0 * s for s in facts.get("steady_call_s", [])], task.overhead_ms, 1)
+    if referee.device == "cuda" and timing.slower_by_calls(steady, settings["timing_min_s"], reference["median_ms"]):
+        facts["timed"] = {**timed, "settled_by": "correctness calls"}  # each checked whole, the pool stopped
+        facts["timing"] = {
+            "ref": reference,
+            "new": timing.summary(steady),
+            "calls_per_batch": 1,
+            "settled_by": "correctness calls",
+            "per_call_ms": {"ref": plan["per_call"], "new": steady},
+        }
+        return inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
     with referee.quiet():
         if not timing.warm_already(facts.get("call_s", []), float(settings["timing_min_s"])):
             warm_up(referee, task, candidate, calls, settings, ask, deadline)
@@ -283,11 +294,14 @@ def time_kernelbench(referee, task, candidate, settings, facts, deadline) -> Non
 
 
 def inspect(referee, task, candidate, facts, deadline, own_kernels: list[str] | None) -> None:
-    """What ran in the candidate's forward (profiler) and the state it left (backend flags, harness functions)."""
-    values = referee.draw(task, secrets.randbits(62), "random")
-    specs = referee.stage(candidate, [values], "profile")[0]
-    reply = candidate.ask({"op": "profile", "args": specs}, "profile", limit(deadline, call_timeout(task, 1) + 30))
-    names = reply.get("names") if reply.get("ok") else None
+    """What ran in the candidate's forward (profiler: its first correctness call, else one call more) and the
+    state it left (backend flags, harness functions)."""
+    names = facts.pop("profiled", None)
+    if names is None:
+        values = referee.draw(task, secrets.randbits(62), "random")
+        specs = referee.stage(candidate, [values], "profile")[0]
+        reply = candidate.ask({"op": "profile", "args": specs}, "profile", limit(deadline, call_timeout(task, 1) + 30))
+        names = reply.get("names") if reply.get("ok") else None
     own = None if own_kernels is None else set(own_kernels) - set(task.profile or {})
     facts["profile"] = {
         "device": referee.device,

@@ -232,9 +232,9 @@ def start_module(module: str, env: dict, log_path) -> tuple[subprocess.Popen, Ch
 class Stopped(Exception):
     """A child stopped answering: `kind` is timeout, crash, memory or processes."""
 
-    def __init__(self, kind: str, detail: str):
+    def __init__(self, kind: str, detail: str, seconds: float = 0.0):
         super().__init__(detail)
-        self.kind, self.detail = kind, detail
+        self.kind, self.detail, self.seconds = kind, detail, seconds
 
 
 def await_reply(
@@ -246,9 +246,12 @@ def await_reply(
     max_processes: int,
     poll_s: float = 0.2,
     spin_s: float = 0.0,
+    after_launch: float | None = None,
 ) -> dict:
-    """The child's next message, within `timeout` and its limits (memory and processes of its session, read from
-    /proc every `poll_s`); over a limit the child is killed. `spin_s`: see Channel.recv. Raises Stopped."""
+    """The child's reply, within `timeout` and its limits (memory and processes of its session, read from /proc
+    every `poll_s`); over a limit the child is killed. `spin_s`: see Channel.recv. `after_launch`: the command's
+    forward says when it has returned (a `launched` notice before the reply); from then on the reply must come
+    within this many seconds, and never later than `timeout`. Raises Stopped."""
     start = time.monotonic()
     while True:
         try:
@@ -257,13 +260,16 @@ def await_reply(
             )
             for fd in extra:
                 os.close(fd)
+            if after_launch is not None and set(reply) <= {"launched", "nonce"} and reply.get("launched") is True:
+                timeout = min(timeout, time.monotonic() - start + after_launch)
+                continue
             return reply
         except TimeoutError:
             spin_s = 0.0  # only the first wait spins: a long call gains nothing from it
         except (ChannelClosed, ConnectionResetError, OSError):
             raise Stopped("crash", describe_exit(zygote.wait(pid, 5.0)) + " before replying") from None
         if time.monotonic() - start >= timeout:
-            raise Stopped("timeout", "no reply")
+            raise Stopped("timeout", "no reply", timeout)
         processes, used_kb = session_usage(pid)
         if processes > max_processes:
             zygote.end(pid)

@@ -49,7 +49,12 @@ class Referee:
         if self.active:  # this process and the contestant being judged never share cores with starting ones
             os.sched_setaffinity(0, self.active)
         self.profiler = bool(hello.get("profiler", False))  # hardened jobs on CUDA profile their candidates
-        zygote_env = {"CUDA_MODULE_LOADING": "LAZY"}
+        # every contestant profiles (hardened): the profiler's imports are made once, in the zygote
+        zygote_env = {
+            "CUDA_MODULE_LOADING": "LAZY",
+            "CONCUR_PRELOAD_INDUCTOR": "1",
+            "TORCHINDUCTOR_CACHE_DIR": str(self.workdir / "inductor"),
+        }
         if self.spare:
             zygote_env["CONCUR_CPUS"] = ",".join(map(str, self.spare))
         self.zygote = procs.Zygote(str(self.workdir / "zygote.log"), env=zygote_env)

@@ -46,6 +46,7 @@ def contestant_env(folder: Path, threads: int) -> dict:
         TMPDIR=str(tmp),
         CUDA_CACHE_PATH=str(tmp / "nv"),
         TRITON_CACHE_DIR=str(tmp / "triton"),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),  # the profiler imports inductor, which makes it at import
         OMP_NUM_THREADS=str(threads),
         MKL_NUM_THREADS=str(threads),
         PYTHONDONTWRITEBYTECODE="1",
@@ -108,13 +109,24 @@ class Runner:
                 else:
                     bell.close()
 
-    def ask(self, message: dict, stage: str, timeout: float, fds: list[int] = (), spin: bool = False) -> dict:
+    def ask(
+        self,
+        message: dict,
+        stage: str,
+        timeout: float,
+        fds: list[int] = (),
+        spin: bool = False,
+        after_launch: float | None = None,
+    ) -> dict:
         """Send a command, wait for its reply under a deadline; kill the process over a limit. `spin`: a timed
-        command, whose reply is awaited without sleeping (procs.Channel.recv)."""
+        command, whose reply is awaited without sleeping (procs.Channel.recv). `after_launch`: a call whose
+        deadline shrinks to this many seconds once its forward has returned (procs.await_reply)."""
         if self.owed:
             raise RuntimeError(f"{len(self.owed)} replies not read before a new command")
+        if after_launch is not None:
+            message = {**message, "launched": True}
         self.send(message, stage, fds)
-        return self.collect(stage, timeout, spin)
+        return self.collect(stage, timeout, spin, after_launch)
 
     def send(self, message: dict, stage: str, fds: list[int] = ()) -> None:
         """Send a command whose reply `collect` reads later (replies come in the order of their commands)."""
@@ -125,7 +137,7 @@ class Runner:
             raise RunnerFailed("crash", stage, procs.describe_exit(self.zygote.wait(self.pid, 5.0))) from None
         self.owed.append(nonce)
 
-    def collect(self, stage: str, timeout: float, spin: bool = False) -> dict:
+    def collect(self, stage: str, timeout: float, spin: bool = False, after_launch: float | None = None) -> dict:
         """The reply to the oldest command sent (the ready message, before any)."""
         try:
             reply = procs.await_reply(
@@ -136,9 +148,10 @@ class Runner:
                 self.memory_kb,
                 self.max_processes,
                 spin_s=self.spin_s if spin else 0.0,
+                after_launch=after_launch,
             )
         except procs.Stopped as err:
-            raise RunnerFailed(err.kind, stage, err.detail, timeout if err.kind == "timeout" else 0.0) from None
+            raise RunnerFailed(err.kind, stage, err.detail, err.seconds) from None
         if self.owed and reply.get("nonce") != self.owed.pop(0):  # a reply written before the command was read
             self.end()
             raise RunnerFailed("protocol", stage, "a reply that does not answer the command sent")

@@ -87,9 +87,25 @@ def candidate_done(
     return reference_done(per_call, calls, budget_s)
 
 
+def long_call(seconds: float, budget_s: float) -> bool:
+    """One untimed call that kept the device busy at least as long as a timed batch must run."""
+    return seconds >= max(WARMUP_MIN_S, budget_s)
+
+
+def slower_by_calls(call_ms: list[float], budget_s: float, reference_median_ms: float) -> bool:
+    """Long untimed calls already settle a clearly slower candidate: SLOWER_MIN_BATCHES of them, each as long as a
+    timed batch must run (their round trip a small share of it), with a median over SLOWER_STOP times the
+    reference's. Its time is then their median, which, if anything, counts their round trips against it."""
+    return (
+        len(call_ms) >= SLOWER_MIN_BATCHES
+        and long_call(min(call_ms) / 1000.0, budget_s)
+        and statistics.median(call_ms) > SLOWER_STOP * reference_median_ms
+    )
+
+
 def warm_already(call_s: list[float], budget_s: float) -> bool:
     """Untimed calls that each kept the device busy this long (correctness trials) leave nothing to warm up."""
-    return bool(call_s) and min(call_s) >= max(WARMUP_MIN_S, budget_s)
+    return bool(call_s) and long_call(min(call_s), budget_s)
 
 
 def summary(per_call: list[float], excess_ms: float = 0.0) -> dict:
