@@ -14,7 +14,8 @@ reference's (and COPY_SLACK of it) is added to its time. Medians, not batch by b
 move together when work shifts from one to the other, so the sum of their medians counts it whole, while the noise
 of single hand-offs does not pile up on one side. The reference is timed first, before the candidate's code is
 loaded, until it has run `timing_min_s` (at least MIN_BATCHES batches); the candidate then replays the same batches,
-stopping early once it is clearly slower than eager. Speedup: the ratio of the medians of per-call times.
+stopping early once it is clearly slower than eager, or not replaying them at all where its long correctness calls
+already show that (slower_by_calls). Speedup: the ratio of the medians of per-call times.
 """
 
 from __future__ import annotations
