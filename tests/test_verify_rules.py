@@ -393,9 +393,10 @@ def test_a_spinning_receive_still_keeps_its_deadline():
 
 def test_the_first_calls_extra_time_ends_once_its_forward_has_returned():
     """One-time set-up runs in forward (module loads, library handles), so a call whose forward has returned waits
-    only on its kernels: from then on the plain deadline holds. A call that never says so keeps the whole extra."""
+    only on its kernels: from then on the plain deadline holds, until the side says the device is done (a profiled
+    call then reads its events). A call that never says so keeps the whole extra."""
 
-    def answer(notice_after: float | None, reply_after: float) -> tuple[str, float]:
+    def answer(notice_after: float | None, reply_after: float, ran_after: float | None = None) -> tuple[str, float]:
         left, right = socket.socketpair()
         child, referee = procs.Channel(left), procs.Channel(right)
 
@@ -403,6 +404,9 @@ def test_the_first_calls_extra_time_ends_once_its_forward_has_returned():
             if notice_after is not None:
                 time.sleep(notice_after)
                 child.send({"launched": True, "nonce": "n"})
+            if ran_after is not None:
+                time.sleep(ran_after)
+                child.send({"ran": True, "nonce": "n"})
             time.sleep(reply_after)
             with contextlib.suppress(OSError):
                 child.send({"ok": True, "nonce": "n"})
@@ -426,6 +430,7 @@ def test_the_first_calls_extra_time_ends_once_its_forward_has_returned():
     assert kind == "timeout" and waited < 0.8
     kind, waited = answer(1.3, 0.5)  # never later than the whole deadline
     assert kind == "timeout" and waited < 1.9
+    assert answer(0.0, 0.8, ran_after=0.1)[0] == "ok"  # kernels done at once, then 0.8 s reading a profile
 
 
 def test_clearly_slower_candidates_are_settled_by_long_untimed_calls():

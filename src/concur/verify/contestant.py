@@ -78,7 +78,7 @@ class Contestant:
         self.bell: doorbell.Bell | None = None
         self.last = {doorbell.GO: None, doorbell.HANDOFF: None}  # the last token heard on each ringing slot
         self.early: dict[str, tuple[int, dict]] = {}  # replies to steps run from the doorbell, by command
-        self.launched = None  # called once forward has returned, before the device is waited for (if asked)
+        self.notify = None  # notify("launched") once forward has returned, notify("ran") once the device is done
         self.guarded = guarded()
         torch.set_num_threads(max(1, int(spec.get("threads", 1))))
         start = time.perf_counter()
@@ -195,10 +195,12 @@ class Contestant:
                     self.pending.append(leaves(model(*args)))
             if events:
                 events[1].record()
-            if self.launched is not None:
-                self.launched()
-                self.launched = None
+            if self.notify is not None:
+                self.notify("launched")
             self._sync()
+            if self.notify is not None:
+                self.notify("ran")
+                self.notify = None
             end = own["end_at"] = time.perf_counter()
         finally:
             self._answer(doorbell.DONE, msg, own)
@@ -427,6 +429,11 @@ def leaf_meta(leaf) -> dict:
 COMMANDS = {"load", "prepare", "go", "call", "handoff", "double", "drop", "kb_time", "profile", "state"}
 
 
+def notify(channel, nonce, what: str) -> None:
+    """A notice before a command's reply: `launched` (forward returned) or `ran` (the device is done too)."""
+    channel.send({what: True, "nonce": nonce})
+
+
 def serve(channel, spec: dict, sandbox: str) -> int:
     """The command loop; every command gets one reply, errors included, until `quit` or EOF."""
     from concur.verify import procs
@@ -458,9 +465,8 @@ def serve(channel, spec: dict, sandbox: str) -> int:
         op = msg.get("op")
         if op == "quit":
             break
-        # asked for: the referee's deadline shrinks once forward has returned
-        notice = {"launched": True, "nonce": msg.get("nonce")}
-        contestant.launched = functools.partial(channel.send, notice) if msg.get("launched") is True else None
+        asked = msg.get("launched") is True  # the referee's deadline shrinks while only the device is waited for
+        contestant.notify = functools.partial(notify, channel, msg.get("nonce")) if asked else None
         early = contestant.early.pop(op, None)
         if early is not None and early[0] == msg.get("token"):
             reply = early[1]  # run already, rung on the doorbell

@@ -17,6 +17,7 @@ from concur.verify import checks, exchange, measure, timing
 from concur.verify.reference import (
     FP64_MAX_BYTES,
     LOAD_FLOOR_S,
+    PROFILE_EXTRA_S,
     SEED,
     CallFailed,
     ReferenceFailed,
@@ -147,11 +148,12 @@ def run_trials(referee, task, candidate, settings, facts, deadline) -> bool:
                 continue
             specs = referee.stage(candidate, [values], "correctness")[0]
             first = number == 1  # its deadline has room for one-time set-up in forward; profiled (hardened)
+            profiled = first and hardened
             begin = time.perf_counter()
             reply = candidate.ask(
-                {"op": "call", "calls": [{"args": specs, "seed": seed}], "profile": first and hardened},
+                {"op": "call", "calls": [{"args": specs, "seed": seed}], "profile": profiled},
                 "correctness",
-                limit(deadline, call_timeout(task, 1, first=first)),
+                limit(deadline, call_timeout(task, 1, first=first) + (PROFILE_EXTRA_S if profiled else 0.0)),
                 after_launch=call_timeout(task, 1) if first else None,
             )
             seconds = time.perf_counter() - begin
@@ -160,7 +162,7 @@ def run_trials(referee, task, candidate, settings, facts, deadline) -> bool:
                 trial["error"] = reply.get("error")
                 passed = False
                 break
-            if first and hardened:
+            if profiled:
                 facts["profiled"] = reply.get("names")
             elif kind == "random":  # warm, unprofiled, on the inputs the timed batches draw from
                 facts.setdefault("steady_call_s", []).append(seconds)

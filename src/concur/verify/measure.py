@@ -10,6 +10,7 @@ import time
 
 from concur.verify import checks, procs, timing
 from concur.verify.reference import (
+    PROFILE_EXTRA_S,
     SEED,
     CallFailed,
     call_timeout,
@@ -300,7 +301,8 @@ def inspect(referee, task, candidate, facts, deadline, own_kernels: list[str] | 
     if names is None:
         values = referee.draw(task, secrets.randbits(62), "random")
         specs = referee.stage(candidate, [values], "profile")[0]
-        reply = candidate.ask({"op": "profile", "args": specs}, "profile", limit(deadline, call_timeout(task, 1) + 30))
+        timeout = limit(deadline, call_timeout(task, 1) + PROFILE_EXTRA_S)
+        reply = candidate.ask({"op": "profile", "args": specs}, "profile", timeout)
         names = reply.get("names") if reply.get("ok") else None
     own = None if own_kernels is None else set(own_kernels) - set(task.profile or {})
     facts["profile"] = {

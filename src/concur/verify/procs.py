@@ -250,9 +250,10 @@ def await_reply(
 ) -> dict:
     """The child's reply, within `timeout` and its limits (memory and processes of its session, read from /proc
     every `poll_s`); over a limit the child is killed. `spin_s`: see Channel.recv. `after_launch`: the command's
-    forward says when it has returned (a `launched` notice before the reply); from then on the reply must come
-    within this many seconds, and never later than `timeout`. Raises Stopped."""
-    start = time.monotonic()
+    forward says when it has returned and when the device is done (notices `launched` and `ran` before the reply);
+    between the two only the device is waited for, and the wait may last this many seconds; the reply never comes
+    later than `timeout`. Raises Stopped."""
+    start, whole = time.monotonic(), timeout
     while True:
         try:
             reply, extra = channel.recv(
@@ -260,8 +261,11 @@ def await_reply(
             )
             for fd in extra:
                 os.close(fd)
-            if after_launch is not None and set(reply) <= {"launched", "nonce"} and reply.get("launched") is True:
-                timeout = min(timeout, time.monotonic() - start + after_launch)
+            if after_launch is not None and set(reply) <= {"launched", "ran", "nonce"}:
+                if reply.get("launched") is True:
+                    timeout = min(whole, time.monotonic() - start + after_launch)
+                elif reply.get("ran") is True:
+                    timeout = whole
                 continue
             return reply
         except TimeoutError:

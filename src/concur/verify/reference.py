@@ -17,6 +17,7 @@ from concur.verify.runner import RunnerFailed
 
 SEED = 42
 CALL_FLOOR_S, CALL_FACTOR, FIRST_CALL_EXTRA_S = 5.0, 100.0, 10.0  # a call's deadline, from the reference's time
+PROFILE_EXTRA_S = 30.0  # on top, for a profiled call: the profiler's start and the reading of its events
 LOAD_FLOOR_S = 60.0
 REFERENCE_MEMORY_MB = 65536
 FP64_MAX_BYTES = 4 << 30  # the float64 check runs for tasks whose inputs and outputs take at most this much
