@@ -113,6 +113,8 @@ def synthetic_tables(
             "new_ms": new_ms,
             "ref_median_ms": ref_ms,
             "new_median_ms": new_ms,
+            "ref_best_ms": ref_ms,
+            "new_best_ms": new_ms,
             "speedup": speedup,
             "max_abs_err": np.where(correct, 1e-4, 1.0),
             "device": "cuda:NVIDIA H100",

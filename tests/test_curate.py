@@ -78,6 +78,8 @@ def make_tables(rows=ROWS, tasks=TASKS):
             "new_ms": 1.0,
             "ref_median_ms": 1.0,
             "new_median_ms": 1.0,
+            "ref_best_ms": 1.0,
+            "new_best_ms": 1.0,
             "speedup": [r[4] for r in rows],
             "max_abs_err": 0.0,
             "device": "cpu",

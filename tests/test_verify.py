@@ -84,6 +84,7 @@ def test_correct_candidate(kernelbench_batch):
     assert (row.status, row.reason, row.compiled, row.correct) == ("correct", "", True, True)
     assert row.max_abs_err == 0.0  # same float ops in the same order as torch: bit-identical
     assert row.ref_ms > 0 and row.new_ms > 0 and row.ref_median_ms > 0 and row.new_median_ms > 0
+    assert 0 < row.ref_best_ms <= row.ref_median_ms and 0 < row.new_best_ms <= row.new_median_ms
     assert row.speedup == pytest.approx(row.ref_ms / row.new_ms)  # kernelbench mode: means
     assert row.compile_s > 1.0  # a real build (fresh cache)
 
@@ -277,9 +278,9 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
     found = {}
 
     def shown() -> bool:
-        early, honest_ms = found["early"], found["honest"]["new"]["median_ms"]
+        early, honest_ms = found["early"], found["honest"]["new"]["best_ms"]
         counted = early["deferred"] and early["new"]["copy_excess_ms"] > 0.5 * honest_ms
-        return counted and early["new"]["median_ms"] > 0.7 * honest_ms
+        return counted and early["new"]["best_ms"] > 0.7 * honest_ms
 
     try:
         for _attempt in range(2):
@@ -294,9 +295,9 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
     for timing in found.values():
         for side in ("ref", "new"):
             assert all(all(b["rung"].values()) for b in timing["batch_ms"]["own_clock"][side])
-    early, honest_ms = found["early"], found["honest"]["new"]["median_ms"]
+    early, honest_ms = found["early"], found["honest"]["new"]["best_ms"]
     assert early["deferred"] and early["new"]["copy_excess_ms"] > 0.5 * honest_ms
-    assert early["new"]["median_ms"] > 0.7 * honest_ms
+    assert early["new"]["best_ms"] > 0.7 * honest_ms
 
 
 SLEEPY = """
@@ -339,4 +340,4 @@ def test_batches_longer_than_the_spin_are_timed_as_long_as_they_run(tmp_path):
     finally:
         referee.close()
     for side in ("ref", "new"):
-        assert 290.0 < timing[side]["median_ms"] < 400.0, timing[side]
+        assert 290.0 < timing[side]["best_ms"] <= timing[side]["median_ms"] < 400.0, timing[side]

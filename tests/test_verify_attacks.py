@@ -17,7 +17,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "verify"
 TASKS = {name: (FIXTURES / f"task_{name}.py").read_text() for name in ("relu_add_large", "relu_add", "relu_rand")}
 SETTINGS = {"device": "cpu", "mode": "hardened", "timeout_s": 300, "workers": 1, "correctness_trials": 3,
             "signed_trials": 2, "warmup": 1, "timing_min_s": 0.05}  # fmt: skip
-ON_SMALL = {"identity": "relu_rand"}  # attacks aimed at a particular task
+ON_SMALL = {"identity": "relu_rand", "one_lazy_call": "relu_add"}  # attacks aimed at a particular task
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,10 @@ def test_caching_and_counting_calls_do_not_pay(verdicts):
     assert status(verdicts, "call_counting") == (
         "incorrect", status(verdicts, "call_counting")[1]) and status(verdicts, "call_counting")[1].startswith(
         "check:timed_outputs")  # fmt: skip
+    # one wrong call among the hundreds of the timed batches (64 calls each on this small task): every call's
+    # outputs are checked, not only the few read on the hand-off's clock
+    lazy = status(verdicts, "one_lazy_call")
+    assert lazy[0] == "incorrect" and lazy[1].startswith("check:timed_outputs"), lazy
     memo = verdicts[0].loc["memo_content"]  # inputs never repeat: the cache never hits, the time is its own
     assert memo["status"] == "correct" and memo["speedup"] < 20
 

@@ -46,6 +46,8 @@ VERDICTS = {
     "new_ms": "float",
     "ref_median_ms": "float",
     "new_median_ms": "float",
+    "ref_best_ms": "float",
+    "new_best_ms": "float",
     "speedup": "float",
     "max_abs_err": "float",
     "device": "str",

@@ -251,12 +251,14 @@ def decide(facts: dict, job: Job, settings: dict, label: str) -> dict:
     )
     if status == "correct":
         ref, new = facts["timing"]["ref"], facts["timing"]["new"]
-        stat = "median_ms" if settings["mode"] == "hardened" else "mean_ms"
+        stat = "best_ms" if settings["mode"] == "hardened" else "mean_ms"
         verdict.update(
             ref_ms=ref["mean_ms"],
             new_ms=new["mean_ms"],
             ref_median_ms=ref["median_ms"],
             new_median_ms=new["median_ms"],
+            ref_best_ms=ref["best_ms"],
+            new_best_ms=new["best_ms"],
             speedup=ref[stat] / new[stat] if new[stat] > 0 else math.inf,
         )
         verdict["flags"] = ",".join(checks.flags(facts, verdict, settings, job.solution))

@@ -195,6 +195,7 @@ class Contestant:
                     self.pending.append(leaves(model(*args)))
             if events:
                 events[1].record()
+            own["launched_at"] = time.perf_counter()
             if self.notify is not None:
                 self.notify("launched")
             self._sync()

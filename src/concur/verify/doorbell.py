@@ -31,6 +31,8 @@ MAX_PAYLOAD = 64  # words: a batch's seeds (timing.MAX_BATCH)
 GO, DONE, HANDOFF, HANDED = 0, 1024, 2048, 3072  # byte offsets of the slots, each on lines of its own
 LEFT = 512  # from an answering slot: where the referee marks that it stopped spinning on it (a token, no payload)
 _HEAD = struct.Struct("<qqq")  # token, payload length (-1: none), checksum
+IDLE_SHARE = 0.5  # of the quickest answer to a step so far, slept through before spinning on the next one
+IDLE_SLACK_S = 0.0003  # what a sleep may overrun (timer slack, a halted core's wake-up)
 CHECK_EVERY = 4096  # spins between looks at the socket (a reply there means the other side gave up on the bell)
 
 
@@ -106,3 +108,13 @@ class Bell:
     def close(self) -> None:
         self.map.close()
         os.close(self.fd)
+
+
+def idle_s(fastest: float | None) -> float:
+    """How long the referee may sleep after ringing before it spins: half the quickest answer to this step so far,
+    less what a sleep may overrun; nothing until one was answered. A side that answers sooner than that is read
+    late by the overrun at most: it can only lengthen its own time, and an honest batch is not twice as fast as
+    the quickest before it."""
+    if fastest is None:
+        return 0.0
+    return max(0.0, IDLE_SHARE * fastest - IDLE_SLACK_S)

@@ -21,8 +21,8 @@ from concur.verify.reference import (
     timed_round,
 )
 
-SAMPLES = 1024  # output elements checked per checked timed call
-CHECKED_PER_BATCH = 4  # timed calls of each batch whose outputs are checked (chosen in secret)
+SAMPLES = 1024  # output elements checked per timed call
+CHECKED_PER_BATCH = 4  # timed calls of each batch whose sample is read on the hand-off's clock (chosen in secret)
 EXPECTED_BACKEND = {
     "matmul.allow_tf32": False,
     "cudnn.allow_tf32": False,
@@ -35,9 +35,10 @@ EXPECTED_BACKEND = {
 
 def time_reference(referee, task, settings) -> dict:
     """Warm up, then timed batches of fresh secret inputs until the reference has run `timing_min_s`; keeps each
-    batch's seeds, forward and hand-off times and a secret sample of checked outputs."""
+    batch's seeds, forward and hand-off times, and a secret sample of every call's outputs (`samples`), of which
+    those of `on_clock` calls were read on the hand-off's clock, the rest right after it."""
     calls = task.calls
-    plan = {"calls": calls, "batches": [], "samples": [], "own_clock": []}
+    plan = {"calls": calls, "batches": [], "samples": [], "on_clock": [], "own_clock": []}
     plan.update({key: [] for key in ("forward", "stage", "handoff", "prepare")})
     ask = lambda m, s, t=600.0, spin=False: ref_ask(task, m, s, t, spin)  # noqa: E731
     with reference_side(), referee.quiet():
@@ -49,20 +50,32 @@ def time_reference(referee, task, settings) -> dict:
         ):
             seeds = [secrets.randbits(62) for _ in range(calls)]
             checked = sorted(secrets.SystemRandom().sample(range(calls), min(calls, CHECKED_PER_BATCH)))
-            where = {i: positions(referee, task.meta) for i in checked}
-            gather = lambda outputs_of, where=where: {i: pick(outputs_of(i), at, task.meta) for i, at in where.items()}  # noqa: E731
+            where = [positions(referee, task.meta) for _ in range(calls)]
+            gather = lambda outputs_of, checked=checked, where=where: {  # noqa: E731
+                i: pick(outputs_of(i), where[i], task.meta) for i in checked
+            }
             batch = timed_batch(referee, task, task.runner, seeds, ask, gather=gather)
             if batch["outputs"] is None:  # its outputs changed kind, dtype or shape between calls
                 raise CallFailed("the reference's outputs are not laid out as in its first call")
-            plan["samples"].append(
-                {i: kept_sample(where[i], batch["gathered"][i], batch["outputs"][i]) for i in checked}
-            )
+            read = read_rest(batch, where, task.meta)
+            plan["samples"].append([kept_sample(where[i], read[i], batch["outputs"][i]) for i in range(calls)])
+            plan["on_clock"].append(checked)
             plan["batches"].append(seeds)
             for key in ("forward", "stage", "handoff", "prepare"):
                 plan[key].append(batch[f"{key}_ms"])
             plan["own_clock"].append(batch["own_clock"])
     plan["per_call"] = timing.per_call_times(plan["forward"], task.overhead_ms, calls)
+    copies = [plan["stage"], plan["handoff"]]
+    plan["charged"] = timing.charged(plan["per_call"], copies, copies, calls)
     return plan
+
+
+def read_rest(batch: dict, where: list, meta: list[dict]) -> list:
+    """Every call's checked elements: those read on the hand-off's clock, and the others' now, right after it (a
+    candidate's work still running then races the reading and fails it), so that no call of a timed batch goes
+    unchecked."""
+    gathered, outputs = batch["gathered"], batch["outputs"]
+    return [gathered[i] if i in gathered else pick(outputs[i], where[i], meta) for i in range(len(outputs))]
 
 
 def warm_up(referee, task, runner, calls, settings, ask, deadline: float | None = None) -> None:
@@ -80,7 +93,7 @@ def timed_batch(referee, task, runner, seeds, ask, deadline: float | None = None
     """One timed batch: fresh inputs drawn, the contestant's views of the arena made, then on the referee's clock
     the inputs written and the caches flushed, the calls run, and their outputs handed off, with what `gather`
     reads of them (timed_round).
-    `forward_ms`: the clock less the writing (whose excess over the reference's counts, timing.copy_excess_ms)."""
+    `forward_ms`: the clock less the writing (whose excess over the reference's counts, timing.charged)."""
     values = [referee.draw(task, s, "random") for s in seeds]
     specs = referee.layout(runner, values, "timing")
     begin = time.perf_counter()  # recorded, not counted: nothing of this batch's inputs is in the arena yet
@@ -116,6 +129,8 @@ def own_clock(reply: dict, timed: dict) -> dict:
     if not isinstance(found, dict):
         return keep
     keep.update({k: float(v) for k, v in found.items() if k in ("wall_ms", "events_ms") and isinstance(v, float)})
+    if all(isinstance(found.get(k), float) for k in ("begin_at", "launched_at")):  # the host's share of the batch
+        keep["launch_ms"] = 1000.0 * (found["launched_at"] - found["begin_at"])
     handed = timed["handoff"]["reply"].get("own_clock")
     for key, path in (
         ("path_ms", message_path(timed, found)),
@@ -179,7 +194,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, limit(deadline, t), spin=spin)  # noqa: E731
     forward, stages, handoffs, prepares, cpu_s, own = [], [], [], [], [], []
     timed = {"calls": 0, "mismatch": None, "mutated": []}
-    reference = timing.summary(plan["per_call"])
+    reference = timing.summary(plan["per_call"], plan["charged"])
     steady = timing.per_call_times([1000.0 * s for s in facts.get("steady_call_s", [])], task.overhead_ms, 1)
     if referee.device == "cuda" and timing.slower_by_calls(steady, settings["timing_min_s"], reference["median_ms"]):
         facts["timed"] = {**timed, "settled_by": "correctness calls"}  # each checked whole, the pool stopped
@@ -194,9 +209,10 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     with referee.quiet():
         if not timing.warm_already(facts.get("call_s", []), float(settings["timing_min_s"])):
             warm_up(referee, task, candidate, calls, settings, ask, deadline)
-        for number, (seeds, samples) in enumerate(zip(plan["batches"], plan["samples"])):
-            gather = lambda outputs_of, samples=samples: {  # noqa: E731
-                i: pick(outputs_of(i), [at for at, _ in kept], task.meta) for i, kept in samples.items()
+        for number, (seeds, samples, checked) in enumerate(zip(plan["batches"], plan["samples"], plan["on_clock"])):
+            where = [[at for at, _ in kept] for kept in samples]
+            gather = lambda outputs_of, checked=checked, where=where: {  # noqa: E731
+                i: pick(outputs_of(i), where[i], task.meta) for i in checked
             }
             batch = timed_batch(referee, task, candidate, seeds, ask, deadline, gather)
             outputs = batch["outputs"]
@@ -211,9 +227,9 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             handoffs.append(batch["handoff_ms"])
             cpu_s.append(batch["cpu_s"])
             timed["calls"] += calls
-            for i, kept in samples.items():
-                failed = sample_mismatch(torch, batch["gathered"][i], outputs[i], kept, settings)
-                if failed:
+            for i, (got, kept) in enumerate(zip(read_rest(batch, where, task.meta), samples)):
+                failed = sample_mismatch(torch, got, outputs[i], kept, settings)
+                if failed and not timed["mismatch"]:
                     timed["mismatch"] = f"call {number * calls + i + 1}: {failed}"
             for i in range(calls):
                 timed["mutated"] += [
@@ -221,10 +237,9 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                     for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i])
                     if j not in timed["mutated"]
                 ]
-            per_call = timing.per_call_times(forward, task.overhead_ms, calls)
-            excess = copy_excess(stages, handoffs, plan, calls)
+            per_call = charged(forward, stages, handoffs, plan, task.overhead_ms)
             if timed["mismatch"] or timing.candidate_done(
-                per_call, calls, float(settings["timing_min_s"]), reference["median_ms"], excess
+                per_call, calls, float(settings["timing_min_s"]), reference["median_ms"]
             ):
                 break
     facts["timed"] = timed
@@ -232,7 +247,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
         per_call = timing.per_call_times(forward, task.overhead_ms, calls)
         facts["timing"] = {
             "ref": reference,
-            "new": timing.summary(per_call, copy_excess(stages, handoffs, plan, calls)),
+            "new": timing.summary(per_call, charged(forward, stages, handoffs, plan, task.overhead_ms)),
             "calls_per_batch": calls,
             "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # forward, of every batch: for benchmarks
             "batch_ms": {  # the referee's clock readings of every batch, and the round trip taken off them
@@ -250,9 +265,11 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
 
 
-def copy_excess(stages: list[float], handoffs: list[float], plan: dict, calls: int) -> float:
-    """Per call, what the candidate's writing and hand-off took beyond the reference's (timing.copy_excess_ms)."""
-    return timing.copy_excess_ms(stages, plan["stage"], calls) + timing.copy_excess_ms(handoffs, plan["handoff"], calls)
+def charged(forward: list[float], stages: list[float], handoffs: list[float], plan: dict, overhead_ms: float):
+    """The candidate's batches per call, each with its copies' excess over the reference's (timing.charged)."""
+    calls = plan["calls"]
+    per_call = timing.per_call_times(forward, overhead_ms, calls)
+    return timing.charged(per_call, [stages, handoffs], [plan["stage"], plan["handoff"]], calls)
 
 
 def sample_mismatch(torch, picked: list, leaves: list, kept: list, settings: dict) -> str | None:

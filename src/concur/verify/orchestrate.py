@@ -67,6 +67,8 @@ def blank_verdict(status: str, reason: str, settings: dict, label: str) -> dict:
         "new_ms": nan,
         "ref_median_ms": nan,
         "new_median_ms": nan,
+        "ref_best_ms": nan,
+        "new_best_ms": nan,
         "speedup": 0.0,
         "max_abs_err": nan,
         "device": label,

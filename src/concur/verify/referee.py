@@ -190,7 +190,7 @@ class Referee:
             raise CallFailed(reply.get("error", "hand-off failed"))
         return [exchange.values_of(arena.bytes, layout) for layout in layouts], seconds
 
-    def timed_handoff(self, runner: Runner, timeout: float, go_reply: dict | None, land=None) -> dict:
+    def timed_handoff(self, runner: Runner, timeout: float, go_reply: dict | None, land=None, n: int = 0) -> dict:
         """A timed batch's hand-off, rung on the doorbell right as its forward ended: the runner lays its outputs out
         itself from a random offset (exchange.handoff_layouts), so nothing the candidate controls runs between the
         two clocked spans. The clock stops only once `land(offset)` (the referee reading what it checks of the
@@ -202,7 +202,7 @@ class Referee:
         base = self.offset()
         begin = time.perf_counter()
         message = {"op": "handoff", "start": 0, "base": base}
-        rung = runner.ring(doorbell.HANDOFF, doorbell.HANDED, message, [0, base], "timing")
+        rung = runner.ring(doorbell.HANDOFF, doorbell.HANDED, message, [0, base], "timing", n)
         if rung is None:
             go_reply = go_reply or runner.collect("timing", timeout)
             reply = runner.collect("timing", timeout, spin=True)

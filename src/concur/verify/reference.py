@@ -260,8 +260,8 @@ def timed_round(
 
         return gather(outputs_of) if gather else None
 
-    timed = timed_go(referee, runner, go, timeout, calls, specs)
-    handed = referee.timed_handoff(runner, timeout, timed["reply"], land)
+    timed = timed_go(referee, runner, go, timeout, calls, specs, n)
+    handed = referee.timed_handoff(runner, timeout, timed["reply"], land, n)
     reply = timed["reply"] = handed["go"]
     if not reply.get("ok"):
         raise CallFailed(reply.get("error", "call failed"))
@@ -277,7 +277,9 @@ def timed_round(
             "rung": rung, "handoff": handoff}  # fmt: skip
 
 
-def timed_go(referee, runner, go: dict, timeout: float, calls: list | None = None, specs: list | None = None):
+def timed_go(
+    referee, runner, go: dict, timeout: float, calls: list | None = None, specs: list | None = None, n: int = 0
+):
     """The forward of a timed batch, on the referee's clock: the batch's inputs written into the runner's arena (the
     contestant has made its views of it already, but nothing it could compute on before this clock started), the
     caches flushed, then `go` rung and sent, until the contestant rings back (or, without the doorbell, replies).
@@ -296,7 +298,7 @@ def timed_go(referee, runner, go: dict, timeout: float, calls: list | None = Non
     staged = time.perf_counter()
     cpu = procs.cpu_seconds(runner.pid)
     sent = time.perf_counter()
-    rung = runner.ring(doorbell.GO, doorbell.DONE, go, go.get("seeds"), "timing")
+    rung = runner.ring(doorbell.GO, doorbell.DONE, go, go.get("seeds"), "timing", n)
     reply = None if rung is not None else runner.collect("timing", timeout, spin=True)
     end = rung or time.perf_counter()
     return {

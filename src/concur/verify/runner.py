@@ -3,9 +3,11 @@ deadline and a watchdog (memory and processes of its session), and end it."""
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import shutil
+import time
 from pathlib import Path
 
 from concur.verify import doorbell, exchange, procs
@@ -73,6 +75,7 @@ class Runner:
     ):
         self.zygote, self.folder, self.device = zygote, folder, device
         self.spin_s = spin_s
+        self.fastest: dict[tuple[int, int], float] = {}  # per timed step and size, its quickest answer
         (folder / "tmp").mkdir(parents=True, exist_ok=True)
         self.memory_kb, self.max_processes = memory_mb * 1024, max_processes
         spec = {
@@ -157,17 +160,30 @@ class Runner:
             raise RunnerFailed("protocol", stage, "a reply that does not answer the command sent")
         return reply
 
-    def ring(self, slot: int, answer: int, message: dict, payload: list[int] | None, stage: str) -> float | None:
+    def ring(
+        self, slot: int, answer: int, message: dict, payload: list[int] | None, stage: str, size: int = 0
+    ) -> float | None:
         """A timed step: ring `slot` on the doorbell with a fresh token and send the same command over the socket;
         spin until the contestant rings `answer` with that token. When it did, or None (no doorbell, or no answer
-        there within the spin: the reply on the socket ends the step). The reply is left to `collect`."""
+        there within the spin: the reply on the socket ends the step). The reply is left to `collect`.
+        Before spinning, the referee sleeps through the first part of the step (doorbell.idle_s), as judged by the
+        quickest answer to the same step of the same `size` (calls in the batch) so far: a spinning core slowed the
+        contestant's own by up to 4x on virtual machines whose cores share physical ones."""
         token = secrets.randbits(62)
         if self.bell is not None:
             self.bell.ring(slot, token, payload)
+        begin = time.perf_counter()
         self.send({**message, "token": token}, stage)
         if self.bell is None:
             return None
-        return self.bell.await_token(answer, token, self.spin_s, self.channel.sock)
+        step = (slot, size)
+        idle = doorbell.idle_s(self.fastest.get(step))
+        if idle > 0:
+            time.sleep(idle)
+        answered = self.bell.await_token(answer, token, self.spin_s, self.channel.sock)
+        if answered is not None:
+            self.fastest[step] = min(self.fastest.get(step, math.inf), answered - begin)
+        return answered
 
     def arena(self, slot: str, nbytes: int, stage: str) -> exchange.Arena:
         """The arena of this slot, replaced by a larger one (and shared again) when it is too small."""

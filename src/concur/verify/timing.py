@@ -4,18 +4,17 @@ A timed batch is B calls of forward, each on inputs drawn fresh for it, run back
 by a device-wide synchronisation. The contestant makes its views of the input arena first; then the referee's clock
 starts, the inputs are written into the arena and the caches flushed, the batch is rung (concur.verify.doorbell),
 and the clock stops when the contestant rings back. Nothing a candidate could compute on is in its reach before that
-clock starts. The writing is taken off again, and whatever the candidate's median writing takes beyond the
-reference's (and COPY_SLACK of it) is added to its time: its kernels time-share the GPU with the referee's, so work
-that ran while its inputs landed lengthened the writing. B grows until a batch lasts a few milliseconds, so the
-message round trip (measured on the reference's process and subtracted from both) is a small share of it. The
+clock starts. The writing is taken off again, and whatever a batch's writing takes beyond the reference's median
+(and COPY_SLACK of it) is added to that batch: the candidate's kernels time-share the GPU with the referee's, so
+work that ran while its inputs landed lengthened the writing. B grows until a batch lasts a few milliseconds, so
+the message round trip (measured on the reference's process and subtracted from both) is a small share of it. The
 outputs then move to the referee in a separate hand-off, rung at once and timed until the referee has read its
-sample: work a candidate defers past its reply shows up there, and whatever its median hand-off takes beyond the
-reference's (and COPY_SLACK of it) is added to its time. Medians, not batch by batch: a batch's forward and hand-off
-move together when work shifts from one to the other, so the sum of their medians counts it whole, while the noise
-of single hand-offs does not pile up on one side. The reference is timed first, before the candidate's code is
-loaded, until it has run `timing_min_s` (at least MIN_BATCHES batches); the candidate then replays the same batches,
-stopping early once it is clearly slower than eager, or not replaying them at all where its long correctness calls
-already show that (slower_by_calls). Speedup: the ratio of the medians of per-call times.
+sample: work a candidate defers past its reply shows up there, and is added to its batch the same way, so work
+shifted between a batch's forward and its copies is counted whole in that batch. Every call's outputs are checked
+(concur.verify.measure). The reference is timed first, before the candidate's code is loaded, until it has run
+`timing_min_s` (at least MIN_BATCHES batches); the candidate then replays the same batches, stopping early once it
+is clearly slower than eager, or not replaying them at all where its long correctness calls already show that
+(slower_by_calls). Speedup: the ratio of the two sides' quickest batches, per call (summary).
 """
 
 from __future__ import annotations
@@ -56,16 +55,16 @@ def per_call_times(forward_ms: list[float], overhead_ms: float, calls: int) -> l
     return [per_call_ms(f, overhead_ms, calls) for f in forward_ms]
 
 
-def copy_excess_ms(candidate_ms: list[float], reference_ms: list[float], calls: int) -> float:
-    """Per call, what the median of a copy the referee times for the candidate (the writing of its inputs, the
-    hand-off of its outputs) took beyond the median of the same copy for the reference and COPY_SLACK of it. Its
-    work overlapped with a copy lengthens the copy as much as it shortens the batch: with f_i + c_i fixed per batch,
-    median(f) + median(c) is fixed too, so shifting work in some batches only gains nothing; a copy faster than the
-    reference's earns no credit."""
-    if not candidate_ms or not reference_ms:
-        return 0.0
-    allowed = (1.0 + COPY_SLACK) * statistics.median(reference_ms)
-    return max(0.0, statistics.median(candidate_ms) - allowed) / max(1, calls)
+def charged(per_call: list[float], copies: list[list[float]], reference_copies: list[list[float]], calls: int):
+    """Each batch's time per call with what its copies (the writing of its inputs, the hand-off of its outputs)
+    took beyond COPY_SLACK over the median of the same copy for the reference, counted in that batch: work
+    overlapped with a copy lengthens it as much as it shortens the batch's forward, so it is counted whole whichever
+    batches it was moved in; a copy faster than the reference's earns no credit. Both sides are charged alike."""
+    allowed = [(1.0 + COPY_SLACK) * statistics.median(ref) if ref else math.inf for ref in reference_copies]
+    return [
+        p + sum(max(0.0, copy[i] - limit) for copy, limit in zip(copies, allowed) if i < len(copy)) / max(1, calls)
+        for i, p in enumerate(per_call)
+    ]
 
 
 def reference_done(per_call: list[float], calls: int, budget_s: float) -> bool:
@@ -77,13 +76,12 @@ def reference_done(per_call: list[float], calls: int, budget_s: float) -> bool:
     return n >= SLOWER_MIN_BATCHES and spent_ms >= 1000.0 * budget_s * MIN_BATCHES
 
 
-def candidate_done(
-    per_call: list[float], calls: int, budget_s: float, reference_median_ms: float, excess_ms: float = 0.0
-) -> bool:
+def candidate_done(per_call: list[float], calls: int, budget_s: float, reference_median_ms: float) -> bool:
     """The candidate's speedup is known well enough: its own time budget is spent, or it is clearly slower (over
-    SLOWER_MIN_BATCHES batches, or over `budget_s` of batches: one batch of a kernel that takes seconds)."""
+    SLOWER_MIN_BATCHES batches, or over `budget_s` of batches: one batch of a kernel that takes seconds).
+    `per_call`: its batches' times, charged (timing.charged)."""
     settled = len(per_call) >= SLOWER_MIN_BATCHES or sum(per_call) * calls >= 1000.0 * budget_s
-    if settled and statistics.median(per_call) + excess_ms > SLOWER_STOP * reference_median_ms:
+    if settled and statistics.median(per_call) > SLOWER_STOP * reference_median_ms:
         return True
     return reference_done(per_call, calls, budget_s)
 
@@ -96,7 +94,7 @@ def long_call(seconds: float, budget_s: float) -> bool:
 def slower_by_calls(call_ms: list[float], budget_s: float, reference_median_ms: float) -> bool:
     """Long untimed calls already settle a clearly slower candidate: SLOWER_MIN_BATCHES of them, each as long as a
     timed batch must run (their round trip a small share of it), with a median over SLOWER_STOP times the
-    reference's. Its time is then their median, which, if anything, counts their round trips against it."""
+    reference's. Its time is then the quickest of them, which, if anything, counts its round trip against it."""
     return (
         len(call_ms) >= SLOWER_MIN_BATCHES
         and long_call(min(call_ms) / 1000.0, budget_s)
@@ -109,15 +107,21 @@ def warm_already(call_s: list[float], budget_s: float) -> bool:
     return bool(call_s) and long_call(min(call_s), budget_s)
 
 
-def summary(per_call: list[float], excess_ms: float = 0.0) -> dict:
-    """Per-call mean and median over the batches, the copies' excess (per call) added; cv: of the forward times."""
+def summary(per_call: list[float], charged_ms: list[float] | None = None) -> dict:
+    """Per-call times over the batches, each with its copies' excess (`charged_ms`, timing.charged): `best_ms`,
+    the quickest batch, is the side's time (hardened): what the machine adds to a batch (a preempted or slowed
+    core, a context switch, another process's copy) only ever lengthens it, and every call of every batch had its
+    outputs checked, so no batch can be quick by leaving work out. Mean and median beside it; `copy_excess_ms`:
+    what the copies added to the quickest batch; cv: of the forward times."""
+    charged_ms = charged_ms or per_call
     mean = statistics.fmean(per_call)
-    spread = statistics.pstdev(per_call) / mean if len(per_call) > 1 and mean > 0 else 0.0
+    best = min(range(len(charged_ms)), key=charged_ms.__getitem__)
     return {
-        "mean_ms": mean + excess_ms,
-        "median_ms": statistics.median(per_call) + excess_ms,
-        "copy_excess_ms": excess_ms,
-        "cv": spread,
+        "mean_ms": statistics.fmean(charged_ms),
+        "median_ms": statistics.median(charged_ms),
+        "best_ms": charged_ms[best],
+        "copy_excess_ms": charged_ms[best] - per_call[best],
+        "cv": statistics.pstdev(per_call) / mean if len(per_call) > 1 and mean > 0 else 0.0,
         "batches": len(per_call),
     }
 
@@ -137,14 +141,15 @@ def deferred(
 
 
 def speedup(reference: dict, candidate: dict) -> float:
-    return reference["median_ms"] / candidate["median_ms"] if candidate["median_ms"] > 0 else math.inf
+    return reference["best_ms"] / candidate["best_ms"] if candidate["best_ms"] > 0 else math.inf
 
 
 def kernelbench_summary(times_ms: list[float]) -> dict:
-    """KernelBench's statistic is the mean; the median is reported beside it."""
+    """KernelBench's statistic is the mean; the median and the quickest trial are reported beside it."""
     return {
         "mean_ms": statistics.fmean(times_ms),
         "median_ms": statistics.median(times_ms),
+        "best_ms": min(times_ms),
         "batches": len(times_ms),
         "cv": statistics.pstdev(times_ms) / statistics.fmean(times_ms) if len(times_ms) > 1 else 0.0,
     }
