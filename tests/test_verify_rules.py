@@ -691,3 +691,35 @@ def test_a_contestant_lands_its_outputs_where_the_referee_reads_them():
             assert torch.equal(got, leaf) if isinstance(leaf, torch.Tensor) else got == leaf
     with pytest.raises(ValueError):
         Contestant.landing(SimpleNamespace(pending=pending), target[:600], 300, 512)
+
+
+def test_every_call_of_a_timed_batch_is_read_where_its_outputs_landed():
+    """The referee reads every call's checked elements on the hand-off's clock in one gather per dtype, from where
+    the contestant landed them (any random base): the same elements as each leaf at its secret positions, small
+    leaves whole, value leaves left to the reply."""
+    from types import SimpleNamespace
+
+    from concur.verify.contestant import Contestant, leaf_meta
+    from concur.verify.measure import SAMPLES, Sampler, positions
+
+    calls = [
+        [torch.randn(40, 50), 3, torch.arange(7, dtype=torch.int16), torch.randn(SAMPLES + 5, dtype=torch.float64)]
+        for _ in range(5)
+    ]
+    meta = [leaf_meta(leaf) for leaf in calls[0]]
+    referee = SimpleNamespace(torch=torch, device="cpu", positions=torch.Generator().manual_seed(5))
+    where = [positions(referee, meta) for _ in calls]
+    sampler = Sampler(referee, meta, where)
+    target = torch.zeros(1 << 17, dtype=torch.uint8)
+    base = 37 * exchange.ALIGN
+    views, sources = Contestant.landing(SimpleNamespace(pending=calls), target, 0, base)
+    torch._foreach_copy_(views, sources)
+    picked = sampler.split(sampler.read(target, base))
+    for call, at_call, got_call in zip(calls, where, picked):
+        for leaf, at, got in zip(call, at_call, got_call):
+            if not isinstance(leaf, torch.Tensor):
+                assert got is None
+                continue
+            flat = leaf.reshape(-1)
+            assert torch.equal(got, flat if at is None else flat[at])
+    assert len(sampler.groups) == 3  # one gather each for float32, int16 and float64

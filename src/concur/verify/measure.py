@@ -8,7 +8,7 @@ import math
 import secrets
 import time
 
-from concur.verify import checks, procs, timing
+from concur.verify import checks, exchange, procs, timing
 from concur.verify.reference import (
     PROFILE_EXTRA_S,
     SEED,
@@ -22,7 +22,6 @@ from concur.verify.reference import (
 )
 
 SAMPLES = 1024  # output elements checked per timed call
-CHECKED_PER_BATCH = 4  # timed calls of each batch whose sample is read on the hand-off's clock (chosen in secret)
 EXPECTED_BACKEND = {
     "matmul.allow_tf32": False,
     "cudnn.allow_tf32": False,
@@ -35,10 +34,10 @@ EXPECTED_BACKEND = {
 
 def time_reference(referee, task, settings) -> dict:
     """Warm up, then timed batches of fresh secret inputs until the reference has run `timing_min_s`; keeps each
-    batch's seeds, forward and hand-off times, and a secret sample of every call's outputs (`samples`), of which
-    those of `on_clock` calls were read on the hand-off's clock, the rest right after it."""
+    batch's seeds, forward and hand-off times, where every call's outputs are checked (`samplers`) and what the
+    reference's held there (`samples`)."""
     calls = task.calls
-    plan = {"calls": calls, "batches": [], "samples": [], "on_clock": [], "own_clock": []}
+    plan = {"calls": calls, "batches": [], "samples": [], "samplers": [], "own_clock": []}
     plan.update({key: [] for key in ("forward", "stage", "handoff", "prepare")})
     ask = lambda m, s, t=600.0, spin=False: ref_ask(task, m, s, t, spin)  # noqa: E731
     with reference_side(), referee.quiet():
@@ -49,17 +48,14 @@ def time_reference(referee, task, settings) -> dict:
             float(settings["timing_min_s"]),
         ):
             seeds = [secrets.randbits(62) for _ in range(calls)]
-            checked = sorted(secrets.SystemRandom().sample(range(calls), min(calls, CHECKED_PER_BATCH)))
             where = [positions(referee, task.meta) for _ in range(calls)]
-            gather = lambda outputs_of, checked=checked, where=where: {  # noqa: E731
-                i: pick(outputs_of(i), where[i], task.meta) for i in checked
-            }
-            batch = timed_batch(referee, task, task.runner, seeds, ask, gather=gather)
+            sampler = Sampler(referee, task.meta, where)
+            batch = timed_batch(referee, task, task.runner, seeds, ask, gather=sampler.read)
             if batch["outputs"] is None:  # its outputs changed kind, dtype or shape between calls
                 raise CallFailed("the reference's outputs are not laid out as in its first call")
-            read = read_rest(batch, where, task.meta)
+            read = sampler.split(batch["gathered"])
             plan["samples"].append([kept_sample(where[i], read[i], batch["outputs"][i]) for i in range(calls)])
-            plan["on_clock"].append(checked)
+            plan["samplers"].append(sampler)
             plan["batches"].append(seeds)
             for key in ("forward", "stage", "handoff", "prepare"):
                 plan[key].append(batch[f"{key}_ms"])
@@ -70,12 +66,45 @@ def time_reference(referee, task, settings) -> dict:
     return plan
 
 
-def read_rest(batch: dict, where: list, meta: list[dict]) -> list:
-    """Every call's checked elements: those read on the hand-off's clock, and the others' now, right after it (a
-    candidate's work still running then races the reading and fails it), so that no call of a timed batch goes
-    unchecked."""
-    gathered, outputs = batch["gathered"], batch["outputs"]
-    return [gathered[i] if i in gathered else pick(outputs[i], where[i], meta) for i in range(len(outputs))]
+class Sampler:
+    """Where every call of a timed batch has its outputs checked, as element offsets into the output arena where the
+    hand-off lays them out (exchange.handoff_layouts), one index per dtype: read on the hand-off's clock in one
+    gather per dtype, the same way for both sides, only the hand-off's random `base` added there. Made before the
+    batch from positions drawn in secret (a leaf small enough is read whole)."""
+
+    def __init__(self, referee, meta: list[dict], where: list[list]):
+        torch, device = referee.torch, referee.device
+        layouts, _ = exchange.handoff_layouts([meta] * len(where))
+        parts: dict[str, list] = {}
+        for call, (layout, at_call) in enumerate(zip(layouts, where)):
+            for leaf, (spec, at) in enumerate(zip(layout, at_call)):
+                if spec["t"] != "tensor":
+                    continue
+                at = torch.arange(spec["span"], device=device) if at is None else at
+                first = spec["off"] // exchange.dtype_of(spec["dtype"]).itemsize  # leaves are aligned and contiguous
+                parts.setdefault(spec["dtype"], []).append((call, leaf, at + first))
+        self.shape = [len(at_call) for at_call in where]
+        self.groups = {
+            name: (torch.cat([at for *_, at in items]), [(call, leaf, len(at)) for call, leaf, at in items])
+            for name, items in parts.items()
+        }
+
+    def read(self, arena, base: int) -> dict:
+        """On the clock: the checked elements of every call, by dtype, from the arena's bytes."""
+        found = {}
+        for name, (offsets, _) in self.groups.items():
+            dtype = exchange.dtype_of(name)
+            flat = arena[: arena.numel() - arena.numel() % dtype.itemsize].view(dtype)
+            found[name] = flat[offsets + base // dtype.itemsize]
+        return found
+
+    def split(self, found: dict) -> list[list]:
+        """What `read` found, per call and leaf (None for a value leaf: its reply says)."""
+        picked = [[None] * leaves for leaves in self.shape]
+        for name, (_, plan) in self.groups.items():
+            for (call, leaf, _), values in zip(plan, found[name].split([count for *_, count in plan])):
+                picked[call][leaf] = values
+        return picked
 
 
 def warm_up(referee, task, runner, calls, settings, ask, deadline: float | None = None) -> None:
@@ -170,16 +199,6 @@ def positions(referee, meta: list[dict]) -> list:
     return found
 
 
-def pick(leaves: list, where: list, meta: list[dict]) -> list:
-    """The checked elements of a call's outputs (views of the output arena), read on the hand-off's clock, the
-    same way for both sides: each tensor leaf at its positions, or whole; None for a value leaf (its reply says)."""
-    picked = []
-    for leaf, at, leaf_meta in zip(leaves, where, meta):
-        flat = leaf.reshape(-1) if leaf_meta["t"] == "tensor" else None
-        picked.append(None if flat is None else flat.clone() if at is None else flat[at])
-    return picked
-
-
 def kept_sample(where: list, picked: list, outputs: list) -> list:
     """The reference's sample of a call, as (positions, expected) per leaf: a value leaf as its reply gave it."""
     return [(at, value if got is None else got) for at, got, value in zip(where, picked, outputs)]
@@ -209,12 +228,8 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     with referee.quiet():
         if not timing.warm_already(facts.get("call_s", []), float(settings["timing_min_s"])):
             warm_up(referee, task, candidate, calls, settings, ask, deadline)
-        for number, (seeds, samples, checked) in enumerate(zip(plan["batches"], plan["samples"], plan["on_clock"])):
-            where = [[at for at, _ in kept] for kept in samples]
-            gather = lambda outputs_of, checked=checked, where=where: {  # noqa: E731
-                i: pick(outputs_of(i), where[i], task.meta) for i in checked
-            }
-            batch = timed_batch(referee, task, candidate, seeds, ask, deadline, gather)
+        for number, (seeds, samples, sampler) in enumerate(zip(plan["batches"], plan["samples"], plan["samplers"])):
+            batch = timed_batch(referee, task, candidate, seeds, ask, deadline, sampler.read)
             outputs = batch["outputs"]
             if outputs is None:
                 at, mismatch = checks.batch_structure(batch["metas"], task.meta, calls)
@@ -227,7 +242,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             handoffs.append(batch["handoff_ms"])
             cpu_s.append(batch["cpu_s"])
             timed["calls"] += calls
-            for i, (got, kept) in enumerate(zip(read_rest(batch, where, task.meta), samples)):
+            for i, (got, kept) in enumerate(zip(sampler.split(batch["gathered"]), samples)):
                 failed = sample_mismatch(torch, got, outputs[i], kept, settings)
                 if failed and not timed["mismatch"]:
                     timed["mismatch"] = f"call {number * calls + i + 1}: {failed}"

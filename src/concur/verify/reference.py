@@ -245,20 +245,16 @@ def timed_round(
 ) -> dict:
     """A timed batch of `n` calls after the runner's `prepare`: its forward (timed_go), then the hand-off of its
     outputs (referee.timed_handoff), each on the referee's clock. `meta`: the reference's output metadata of one
-    call, which sizes the output arena beforehand and lays out the outputs that `gather(outputs_of)` reads on the
-    hand-off's clock (outputs_of(i): call i's outputs as views of the arena). Returns timed_go's readings with the
+    call, which sizes the output arena beforehand; `gather(arena, base)` reads the outputs on the hand-off's clock
+    (the arena's bytes, the hand-off's random offset: measure.Sampler). Returns timed_go's readings with the
     forward's reply (`reply`, naming its outputs), `handoff_ms`, what `gather` returned (`gathered`), the outputs
     as the reply lays them out (None where that is not as `meta`, checks.batch_structure: the caller judges), and
     the hand-off's reply and clock readings (`handoff`). Raises CallFailed on an error reply."""
-    expected, end = exchange.handoff_layouts([meta] * n)  # before the clock: on it, only the read calls are shifted
+    _, end = exchange.handoff_layouts([meta] * n)
     arena = runner.arena("out", end + exchange.OUT_SLACK, "timing")
 
     def land(base: int):
-        def outputs_of(i: int) -> list:
-            shifted = [{**s, "off": s["off"] + base} if s["t"] == "tensor" else s for s in expected[i]]
-            return exchange.values_of(arena.bytes, shifted)
-
-        return gather(outputs_of) if gather else None
+        return gather(arena.bytes, base) if gather else None
 
     timed = timed_go(referee, runner, go, timeout, calls, specs, n)
     handed = referee.timed_handoff(runner, timeout, timed["reply"], land, n)
