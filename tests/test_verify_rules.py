@@ -700,15 +700,17 @@ def test_every_call_of_a_timed_batch_is_read_where_its_outputs_landed():
     from types import SimpleNamespace
 
     from concur.verify.contestant import Contestant, leaf_meta
-    from concur.verify.measure import SAMPLES, Sampler, positions
+    from concur.verify.measure import Sampler, positions, samples_per_call
 
     calls = [
-        [torch.randn(40, 50), 3, torch.arange(7, dtype=torch.int16), torch.randn(SAMPLES + 5, dtype=torch.float64)]
+        [torch.randn(40, 50), 3, torch.arange(7, dtype=torch.int16), torch.randn(900, dtype=torch.float64)]
         for _ in range(5)
     ]
+    count = samples_per_call(len(calls))
+    assert count == 820 and samples_per_call(64) == 64 and samples_per_call(1000) == 64
     meta = [leaf_meta(leaf) for leaf in calls[0]]
     referee = SimpleNamespace(torch=torch, device="cpu", positions=torch.Generator().manual_seed(5))
-    where = [positions(referee, meta) for _ in calls]
+    where = [positions(referee, meta, count) for _ in calls]
     sampler = Sampler(referee, meta, where)
     target = torch.zeros(1 << 17, dtype=torch.uint8)
     base = 37 * exchange.ALIGN

@@ -21,7 +21,15 @@ from concur.verify.reference import (
     timed_round,
 )
 
-SAMPLES = 1024  # output elements checked per timed call
+# Output elements checked per tensor leaf of a timed batch, spread over all of its calls (at least SAMPLES_MIN each):
+# a call left undone fails at any of its positions, and the referee keeps positions and values of every batch
+SAMPLES_PER_BATCH, SAMPLES_MIN = 4096, 64
+
+
+def samples_per_call(calls: int) -> int:
+    return max(SAMPLES_MIN, -(-SAMPLES_PER_BATCH // max(1, calls)))
+
+
 EXPECTED_BACKEND = {
     "matmul.allow_tf32": False,
     "cudnn.allow_tf32": False,
@@ -48,7 +56,7 @@ def time_reference(referee, task, settings) -> dict:
             float(settings["timing_min_s"]),
         ):
             seeds = [secrets.randbits(62) for _ in range(calls)]
-            where = [positions(referee, task.meta) for _ in range(calls)]
+            where = [positions(referee, task.meta, samples_per_call(calls)) for _ in range(calls)]
             sampler = Sampler(referee, task.meta, where)
             batch = timed_batch(referee, task, task.runner, seeds, ask, gather=sampler.read)
             if batch["outputs"] is None:  # its outputs changed kind, dtype or shape between calls
@@ -186,16 +194,16 @@ def answered(reply: dict) -> dict:
     return reply
 
 
-def positions(referee, meta: list[dict]) -> list:
-    """Where a call's outputs are checked, drawn in secret before its batch: SAMPLES positions of each tensor leaf,
+def positions(referee, meta: list[dict], count: int) -> list:
+    """Where a call's outputs are checked, drawn in secret before its batch: `count` positions of each tensor leaf,
     or None where the leaf is small enough to check whole (or not a tensor)."""
     found = []
     for leaf in meta:
         numel = math.prod(leaf["shape"]) if leaf["t"] == "tensor" else 0
-        if numel <= SAMPLES:
+        if numel <= count:
             found.append(None)
             continue
-        found.append(referee.torch.randint(0, numel, (SAMPLES,), generator=referee.positions, device=referee.device))
+        found.append(referee.torch.randint(0, numel, (count,), generator=referee.positions, device=referee.device))
     return found
 
 
