@@ -725,3 +725,13 @@ def test_every_call_of_a_timed_batch_is_read_where_its_outputs_landed():
             flat = leaf.reshape(-1)
             assert torch.equal(got, flat if at is None else flat[at])
     assert len(sampler.groups) == 3  # one gather each for float32, int16 and float64
+
+
+def test_the_referee_sleeps_only_through_the_first_half_of_a_step():
+    """Before spinning on a timed step, the referee sleeps through at most half of that step's quickest answer so
+    far, less what a sleep may overrun: an answer as quick as any before is never read late."""
+    assert doorbell.idle_s(None) == 0.0  # nothing until the step was answered once
+    assert doorbell.idle_s(0.0005) == 0.0  # a step this short is spun on all the way
+    for quickest in (0.001, 0.002, 0.3):
+        idle = doorbell.idle_s(quickest)
+        assert 0.0 < idle and idle + doorbell.IDLE_SLACK_S <= 0.5 * quickest + 1e-12
