@@ -710,20 +710,21 @@ def test_every_call_of_a_timed_batch_is_read_where_its_outputs_landed():
     assert count == 820 and samples_per_call(64) == 64 and samples_per_call(1000) == 64
     meta = [leaf_meta(leaf) for leaf in calls[0]]
     referee = SimpleNamespace(torch=torch, device="cpu", positions=torch.Generator().manual_seed(5))
-    where = [positions(referee, meta, count) for _ in calls]
-    sampler = Sampler(referee, meta, where)
+    where = positions(referee, meta, len(calls))
+    assert [None if at is None else tuple(at.shape) for at in where] == [(5, count), None, None, (5, count)]
+    sampler = Sampler(referee, meta, where, len(calls))
     target = torch.zeros(1 << 17, dtype=torch.uint8)
     base = 37 * exchange.ALIGN
     views, sources = Contestant.landing(SimpleNamespace(pending=calls), target, 0, base)
     torch._foreach_copy_(views, sources)
     picked = sampler.split(sampler.read(target, base))
-    for call, at_call, got_call in zip(calls, where, picked):
-        for leaf, at, got in zip(call, at_call, got_call):
+    for call, (leaves, got_call) in enumerate(zip(calls, picked)):
+        for leaf, at, got in zip(leaves, where, got_call):
             if not isinstance(leaf, torch.Tensor):
                 assert got is None
                 continue
             flat = leaf.reshape(-1)
-            assert torch.equal(got, flat if at is None else flat[at])
+            assert torch.equal(got, flat if at is None else flat[at[call]])
     assert len(sampler.groups) == 3  # one gather each for float32, int16 and float64
 
 

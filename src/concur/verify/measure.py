@@ -56,13 +56,12 @@ def time_reference(referee, task, settings) -> dict:
             float(settings["timing_min_s"]),
         ):
             seeds = [secrets.randbits(62) for _ in range(calls)]
-            where = [positions(referee, task.meta, samples_per_call(calls)) for _ in range(calls)]
-            sampler = Sampler(referee, task.meta, where)
+            sampler = Sampler(referee, task.meta, positions(referee, task.meta, calls), calls)
             batch = timed_batch(referee, task, task.runner, seeds, ask, gather=sampler.read)
             if batch["outputs"] is None:  # its outputs changed kind, dtype or shape between calls
                 raise CallFailed("the reference's outputs are not laid out as in its first call")
             read = sampler.split(batch["gathered"])
-            plan["samples"].append([kept_sample(where[i], read[i], batch["outputs"][i]) for i in range(calls)])
+            plan["samples"].append([kept_sample(got, out) for got, out in zip(read, batch["outputs"])])
             plan["samplers"].append(sampler)
             plan["batches"].append(seeds)
             for key in ("forward", "stage", "handoff", "prepare"):
@@ -78,22 +77,23 @@ class Sampler:
     """Where every call of a timed batch has its outputs checked, as element offsets into the output arena where the
     hand-off lays them out (exchange.handoff_layouts), one index per dtype: read on the hand-off's clock in one
     gather per dtype, the same way for both sides, only the hand-off's random `base` added there. Made before the
-    batch from positions drawn in secret (a leaf small enough is read whole)."""
+    batch from positions drawn in secret (`positions`; a leaf small enough is read whole)."""
 
-    def __init__(self, referee, meta: list[dict], where: list[list]):
+    def __init__(self, referee, meta: list[dict], where: list, calls: int):
         torch, device = referee.torch, referee.device
-        layouts, _ = exchange.handoff_layouts([meta] * len(where))
+        self.calls, self.leaves = calls, len(meta)
+        layouts, _ = exchange.handoff_layouts([meta] * self.calls)
         parts: dict[str, list] = {}
-        for call, (layout, at_call) in enumerate(zip(layouts, where)):
-            for leaf, (spec, at) in enumerate(zip(layout, at_call)):
-                if spec["t"] != "tensor":
-                    continue
-                at = torch.arange(spec["span"], device=device) if at is None else at
-                first = spec["off"] // exchange.dtype_of(spec["dtype"]).itemsize  # leaves are aligned and contiguous
-                parts.setdefault(spec["dtype"], []).append((call, leaf, at + first))
-        self.shape = [len(at_call) for at_call in where]
+        for leaf, at in enumerate(where):
+            spec = layouts[0][leaf]
+            if spec["t"] != "tensor":
+                continue
+            size = exchange.dtype_of(spec["dtype"]).itemsize  # leaves are aligned and contiguous
+            firsts = torch.tensor([layout[leaf]["off"] // size for layout in layouts], device=device)
+            at = torch.arange(spec["span"], device=device).expand(self.calls, -1) if at is None else at
+            parts.setdefault(spec["dtype"], []).append((leaf, (at + firsts[:, None]).reshape(-1)))
         self.groups = {
-            name: (torch.cat([at for *_, at in items]), [(call, leaf, len(at)) for call, leaf, at in items])
+            name: (torch.cat([at for _, at in items]), [(leaf, len(at) // self.calls) for leaf, at in items])
             for name, items in parts.items()
         }
 
@@ -108,10 +108,11 @@ class Sampler:
 
     def split(self, found: dict) -> list[list]:
         """What `read` found, per call and leaf (None for a value leaf: its reply says)."""
-        picked = [[None] * leaves for leaves in self.shape]
+        picked = [[None] * self.leaves for _ in range(self.calls)]
         for name, (_, plan) in self.groups.items():
-            for (call, leaf, _), values in zip(plan, found[name].split([count for *_, count in plan])):
-                picked[call][leaf] = values
+            for (leaf, count), values in zip(plan, found[name].split([self.calls * count for _, count in plan])):
+                for call, row in enumerate(values.view(self.calls, count)):
+                    picked[call][leaf] = row
         return picked
 
 
@@ -194,22 +195,24 @@ def answered(reply: dict) -> dict:
     return reply
 
 
-def positions(referee, meta: list[dict], count: int) -> list:
-    """Where a call's outputs are checked, drawn in secret before its batch: `count` positions of each tensor leaf,
-    or None where the leaf is small enough to check whole (or not a tensor)."""
-    found = []
+def positions(referee, meta: list[dict], calls: int) -> list:
+    """Where a batch of `calls` calls has its outputs checked, drawn in secret before it: per tensor leaf, a
+    (calls, samples_per_call) tensor of positions in each call's leaf, or None where the leaf is small enough to
+    check whole (or not a tensor)."""
+    count, found = samples_per_call(calls), []
     for leaf in meta:
         numel = math.prod(leaf["shape"]) if leaf["t"] == "tensor" else 0
         if numel <= count:
             found.append(None)
             continue
-        found.append(referee.torch.randint(0, numel, (count,), generator=referee.positions, device=referee.device))
+        at = referee.torch.randint(0, numel, (calls, count), generator=referee.positions, device=referee.device)
+        found.append(at)
     return found
 
 
-def kept_sample(where: list, picked: list, outputs: list) -> list:
-    """The reference's sample of a call, as (positions, expected) per leaf: a value leaf as its reply gave it."""
-    return [(at, value if got is None else got) for at, got, value in zip(where, picked, outputs)]
+def kept_sample(picked: list, outputs: list) -> list:
+    """The reference's sample of a call, per leaf: the elements read, or a value leaf as its reply gave it."""
+    return [value if got is None else got for got, value in zip(picked, outputs)]
 
 
 def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None:
@@ -298,7 +301,7 @@ def charged(forward: list[float], stages: list[float], handoffs: list[float], pl
 def sample_mismatch(torch, picked: list, leaves: list, kept: list, settings: dict) -> str | None:
     """The first output whose checked elements (`picked` on the clock; a value leaf from the reply's `leaves`)
     differ from the reference's."""
-    for index, (got, leaf, (_, expected)) in enumerate(zip(picked, leaves, kept)):
+    for index, (got, leaf, expected) in enumerate(zip(picked, leaves, kept)):
         if not isinstance(expected, torch.Tensor):
             if leaf != expected:
                 return f"output {index}: {leaf!r} != {expected!r}"
