@@ -8,6 +8,7 @@ extension.
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -245,20 +246,25 @@ class ModelNew(nn.Module):
         super().__init__()
         self.scale = scale
 
-    def forward(self, x, y):
-        return torch.relu(x + y) * self.scale
+    def forward(self, x, y):  # a product first: work well beyond what a hand-off of its output swings by
+        spent = (x @ y[:96].T).abs().sum()
+        return torch.relu(x + y) * self.scale + 0.0 * spent.clamp(max=1.0)
 """
 
 
 def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path):
     """A referee with cores of its own (as on a GPU node) signals each timed forward and hand-off on the doorbell,
     both sides; a candidate that rings `done` before doing its work (it can write the page) stops the forward's
-    clock early, and the work it then does is timed in the hand-off and counted. Timed on two shared cores, where
-    the reference's own hand-offs in one job can swing by milliseconds: the pair is measured once more when the
-    first measurement does not show it, and the checks hold on the last."""
+    clock early, and the work it then does is timed in the hand-off and counted in that batch. Timed on two shared
+    cores, where the referee may notice a ring late (the work then stays in the forward: its quickest batch can be
+    one of those) and a hand-off can swing by milliseconds: both candidates do work that outweighs that swing (what
+    a copy's own spread leaves a candidate is bounded in docs/verifier.md), and the pair is measured once more when
+    the first measurement does not show it; the checks hold on the last."""
     from concur.verify import api, orchestrate
 
     honest = EARLY_RINGER.split("_harness =")[0] + "class ModelNew" + EARLY_RINGER.split("class ModelNew")[1]
+    # the reference does the same work, so that both candidates are timed in full (not stopped as clearly slower)
+    heavy = honest.replace("class ModelNew", "class Model") + LARGE[LARGE.index("rows = ") :]
     mine = sorted(os.sched_getaffinity(0))
     settings = normalize_settings(
         {
@@ -277,15 +283,33 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
     referee = orchestrate.RefereeHandle("cpu", None, tmp_path / "cache", 1, 1, True, False, (mine * 4)[:4])
     found = {}
 
+    def handed_late(timing: dict, honest_ms: float) -> list[float]:
+        """Per call, what the hand-off took beyond the reference's median, in each batch whose forward the early
+        ring cut short (its quickest batch, the verdict, is checked for all batches at once below)."""
+        forward, batch, calls = timing["per_call_ms"]["new"], timing["batch_ms"], timing["calls_per_batch"]
+        handed = statistics.median(batch["ref"]["handoff"])
+        return [(h - handed) / calls for f, h in zip(forward, batch["new"]["handoff"]) if f < 0.5 * honest_ms]
+
+    def work_ms() -> float:
+        """The work, done honestly: the quickest batch of the honest candidate and of the reference (the same model,
+        timed in both jobs), so one measurement slowed throughout by a shared core does not stand for it."""
+        return min(
+            t[side]["best_ms"]
+            for name, t in found.items()
+            for side in ("ref", "new")
+            if (name, side) != ("early", "new")
+        )
+
     def shown() -> bool:
-        early, honest_ms = found["early"], found["honest"]["new"]["best_ms"]
-        counted = early["deferred"] and early["new"]["copy_excess_ms"] > 0.5 * honest_ms
+        early, honest_ms = found["early"], work_ms()
+        late = handed_late(early, honest_ms)
+        counted = early["deferred"] and late and statistics.median(late) > 0.5 * honest_ms
         return counted and early["new"]["best_ms"] > 0.7 * honest_ms
 
     try:
         for _attempt in range(2):
             for name, code in (("honest", honest), ("early", EARLY_RINGER)):
-                job = {"candidate_id": name, "task_id": "large", "reference": LARGE, "solution": code,
+                job = {"candidate_id": name, "task_id": "heavy", "reference": heavy, "solution": code,
                        "build_dir": None, "kernels": None, "settings": api.job_settings(settings)}  # fmt: skip
                 found[name] = referee.evaluate(job, 300)["timing"]
             if shown():
@@ -295,8 +319,10 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
     for timing in found.values():
         for side in ("ref", "new"):
             assert all(all(b["rung"].values()) for b in timing["batch_ms"]["own_clock"][side])
-    early, honest_ms = found["early"], found["honest"]["new"]["best_ms"]
-    assert early["deferred"] and early["new"]["copy_excess_ms"] > 0.5 * honest_ms
+    early, honest_ms = found["early"], work_ms()
+    late = handed_late(early, honest_ms)
+    assert early["deferred"] and late, "the early ring never cut a forward short"
+    assert statistics.median(late) > 0.5 * honest_ms, late  # the work it cut out landed in the hand-off
     assert early["new"]["best_ms"] > 0.7 * honest_ms
 
 

@@ -191,6 +191,45 @@ def test_work_deferred_to_the_hand_off_is_counted():
     assert not timing.deferred([0.101] * 10, reference, [1.0] * 10)
 
 
+def test_a_batchs_clocked_spans_meet_however_long_the_referee_is_held_up_between_them(monkeypatch):
+    """The hand-off's clock starts where the forward's stopped: a referee held up between the two (its core
+    preempted, or its reading of the contestant's CPU clock slowed by thousands of the contestant's threads: 0.2 ms
+    a read with 8,000) leaves no time in which work deferred past the forward's ring runs untimed, which the quickest
+    batch would reward. The writing, forward and hand-off together cover the whole batch."""
+    from types import SimpleNamespace
+
+    from concur.verify import reference
+    from concur.verify.contestant import leaf_meta
+    from concur.verify.referee import Referee
+
+    held_s = 0.02
+
+    def slow_clock(pid):
+        time.sleep(held_s)
+        return 0.0
+
+    monkeypatch.setattr(procs, "cpu_seconds", slow_clock)
+    runner = SimpleNamespace(
+        pid=os.getpid(),
+        arena=lambda slot, nbytes, stage: SimpleNamespace(bytes=torch.zeros(nbytes, dtype=torch.uint8)),
+        ring=lambda *args: time.perf_counter(),
+        collect=lambda *args, **kwargs: {"ok": True},
+    )
+    judge = SimpleNamespace(offset=lambda: 0, sync=lambda: None)
+    referee = SimpleNamespace(
+        hold=lambda runner: [],
+        release=lambda held: None,
+        flush=lambda: None,
+        timed_handoff=lambda *args, **kwargs: Referee.timed_handoff(judge, *args, **kwargs),
+    )
+    begin = time.perf_counter()
+    timed = reference.timed_round(referee, runner, {"op": "go"}, 5.0, [leaf_meta(torch.zeros(4))], 1)
+    whole_ms = 1000.0 * (time.perf_counter() - begin)
+    clocked_ms = timed["stage_ms"] + timed["go_ms"] + timed["handoff_ms"]
+    assert whole_ms >= 2000.0 * held_s  # held up before the ring and between the spans
+    assert clocked_ms > whole_ms - 0.5 * 1000.0 * held_s
+
+
 def test_work_done_while_the_inputs_are_written_is_counted():
     """The writing of a batch's inputs is on the clock and taken off again, its excess over the reference's median
     (and COPY_SLACK of it) counted in its batch: kernels the candidate ran while its inputs landed time-shared the

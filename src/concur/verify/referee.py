@@ -190,17 +190,22 @@ class Referee:
             raise CallFailed(reply.get("error", "hand-off failed"))
         return [exchange.values_of(arena.bytes, layout) for layout in layouts], seconds
 
-    def timed_handoff(self, runner: Runner, timeout: float, go_reply: dict | None, land=None, n: int = 0) -> dict:
+    def timed_handoff(
+        self, runner: Runner, timeout: float, go_reply: dict | None, land=None, n: int = 0, since: float | None = None
+    ) -> dict:
         """A timed batch's hand-off, rung on the doorbell right as its forward ended: the runner lays its outputs out
-        itself from a random offset (exchange.handoff_layouts), so nothing the candidate controls runs between the
-        two clocked spans. The clock stops only once `land(offset)` (the referee reading what it checks of the
-        outputs) has run on the device: a kernel the candidate left running past its answer delays that reading,
-        since the GPU runs one process's kernels at a time, and is timed; one launched after it finds the sample
-        taken. The output arena is sized beforehand; the forward's reply is read only now. Returns the forward's
-        reply, the hand-off's, the offset, what `land` returned, the seconds the hand-off took, whether it was
-        answered on the doorbell (`rung`), and when it was asked and answered (`sent_at`, `replied_at`)."""
+        itself from a random offset (exchange.handoff_layouts). Its clock runs from `since`, when the forward's clock
+        stopped, so the two spans meet: work a candidate left running past its ring is timed even while the referee
+        is between them (a core preempted there for milliseconds, where the quickest batch would otherwise reward
+        it). The clock stops only once `land(offset)` (the referee reading what it checks of the outputs) has run on
+        the device: a kernel the candidate left running past its answer delays that reading, since the GPU runs one
+        process's kernels at a time, and is timed; one launched after it finds the sample taken. The output arena is
+        sized beforehand; the forward's reply is read only now. Returns the forward's reply, the hand-off's, the
+        offset, what `land` returned, the seconds the hand-off took, whether it was answered on the doorbell
+        (`rung`), and when it was asked and answered (`sent_at`, `replied_at`)."""
         base = self.offset()
         begin = time.perf_counter()
+        since = begin if since is None else since
         message = {"op": "handoff", "start": 0, "base": base}
         rung = runner.ring(doorbell.HANDOFF, doorbell.HANDED, message, [0, base], "timing", n)
         if rung is None:
@@ -212,7 +217,7 @@ class Referee:
         if rung is not None:
             go_reply = go_reply or runner.collect("timing", timeout)
             reply = runner.collect("timing", timeout)
-        return {"go": go_reply, "handoff": reply, "base": base, "landed": landed, "seconds": end - begin,
+        return {"go": go_reply, "handoff": reply, "base": base, "landed": landed, "seconds": end - since,
                 "rung": rung is not None, "sent_at": begin, "replied_at": end}  # fmt: skip
 
     def offset(self) -> int:

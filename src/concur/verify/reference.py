@@ -244,12 +244,13 @@ def timed_round(
     referee, runner, go: dict, timeout: float, meta: list[dict], n: int, calls=None, specs=None, gather=None
 ) -> dict:
     """A timed batch of `n` calls after the runner's `prepare`: its forward (timed_go), then the hand-off of its
-    outputs (referee.timed_handoff), each on the referee's clock. `meta`: the reference's output metadata of one
-    call, which sizes the output arena beforehand; `gather(arena, base)` reads the outputs on the hand-off's clock
-    (the arena's bytes, the hand-off's random offset: measure.Sampler). Returns timed_go's readings with the
-    forward's reply (`reply`, naming its outputs), `handoff_ms`, what `gather` returned (`gathered`), the outputs
-    as the reply lays them out (None where that is not as `meta`, checks.batch_structure: the caller judges), and
-    the hand-off's reply and clock readings (`handoff`). Raises CallFailed on an error reply."""
+    outputs (referee.timed_handoff), on the referee's clock, the second span starting where the first stopped.
+    `meta`: the reference's output metadata of one call, which sizes the output arena beforehand; `gather(arena,
+    base)` reads the outputs on the hand-off's clock (the arena's bytes, the hand-off's random offset:
+    measure.Sampler). Returns timed_go's readings with the forward's reply (`reply`, naming its outputs),
+    `handoff_ms`, what `gather` returned (`gathered`), the outputs as the reply lays them out (None where that is
+    not as `meta`, checks.batch_structure: the caller judges), and the hand-off's reply and clock readings
+    (`handoff`). Raises CallFailed on an error reply."""
     _, end = exchange.handoff_layouts([meta] * n)
     arena = runner.arena("out", end + exchange.OUT_SLACK, "timing")
 
@@ -257,7 +258,7 @@ def timed_round(
         return gather(arena.bytes, base) if gather else None
 
     timed = timed_go(referee, runner, go, timeout, calls, specs, n)
-    handed = referee.timed_handoff(runner, timeout, timed["reply"], land, n)
+    handed = referee.timed_handoff(runner, timeout, timed["reply"], land, n, since=timed["replied_at"])
     reply = timed["reply"] = handed["go"]
     if not reply.get("ok"):
         raise CallFailed(reply.get("error", "call failed"))
