@@ -223,6 +223,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     calls = plan["calls"]
     ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, limit(deadline, t), spin=spin)  # noqa: E731
     forward, stages, handoffs, prepares, cpu_s, own = [], [], [], [], [], []
+    billed: list[float] = []  # forward's batches per call, charged (charged below)
     timed = {"calls": 0, "mismatch": None, "mutated": []}
     reference = timing.summary(plan["per_call"], plan["charged"])
     steady = timing.per_call_times([1000.0 * s for s in facts.get("steady_call_s", [])], task.overhead_ms, 1)
@@ -263,9 +264,9 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                     for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i])
                     if j not in timed["mutated"]
                 ]
-            per_call = charged(forward, stages, handoffs, plan, task.overhead_ms)
+            billed = charged(forward, stages, handoffs, plan, task.overhead_ms)
             if timed["mismatch"] or timing.candidate_done(
-                per_call, calls, float(settings["timing_min_s"]), reference["median_ms"]
+                billed, calls, float(settings["timing_min_s"]), reference["median_ms"]
             ):
                 break
     facts["timed"] = timed
@@ -273,7 +274,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
         per_call = timing.per_call_times(forward, task.overhead_ms, calls)
         facts["timing"] = {
             "ref": reference,
-            "new": timing.summary(per_call, charged(forward, stages, handoffs, plan, task.overhead_ms)),
+            "new": timing.summary(per_call, billed),  # every batch that ran, as the loop last charged them
             "calls_per_batch": calls,
             "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # forward, of every batch: for benchmarks
             "batch_ms": {  # the referee's clock readings of every batch, and the round trip taken off them
