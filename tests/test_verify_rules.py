@@ -268,7 +268,7 @@ def test_a_candidates_process_is_held_to_its_own_pace_measured_before_its_code_l
 def test_the_calibrations_stand_in_copies_the_reference_outputs_bytes_and_only_before_a_program():
     """`echo` stands in for the model while the candidate's process is calibrated: its outputs are laid out as the
     reference's (dtype, shape, value leaves), so a hand-off copies the same bytes; once a program is loaded the
-    command is refused, and loading drops the stand-in."""
+    command is refused."""
     from types import SimpleNamespace
 
     from concur.verify.contestant import Contestant, Echo, leaf_meta, leaves

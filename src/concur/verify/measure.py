@@ -11,6 +11,7 @@ import time
 
 from concur.verify import checks, exchange, procs, timing
 from concur.verify.reference import (
+    OVERHEAD_ROUNDS,
     PROFILE_EXTRA_S,
     SEED,
     CallFailed,
@@ -25,9 +26,9 @@ from concur.verify.reference import (
 # Output elements checked per tensor leaf of a timed batch, spread over all of its calls (at least SAMPLES_MIN each):
 # a call left undone fails at any of its positions, and the referee keeps positions and values of every batch
 SAMPLES_PER_BATCH, SAMPLES_MIN = 4096, 64
-# The candidate's process's calibration (calibrate): copies timed in this many batches after a first, round trips as
-# many times as the reference's (reference.overhead_ms)
-CALIBRATION_BATCHES, OVERHEAD_ROUNDS = 5, 11
+# The candidate's process's calibration (calibrate): copies timed in this many batches after a first (its round trips
+# as many times as the reference's, OVERHEAD_ROUNDS)
+CALIBRATION_BATCHES = 5
 
 
 def samples_per_call(calls: int) -> int:
@@ -176,8 +177,9 @@ def calibrate(referee, task, candidate) -> dict:
     with referee.quiet():
         for number in range(CALIBRATION_BATCHES + 1):
             batch = timed_batch(referee, task, candidate, seeds, ask, values=values)
-            for key, times in copies.items():
-                times.extend([batch[f"{key}_ms"]] if number else [])
+            if number:
+                for key, times in copies.items():
+                    times.append(batch[f"{key}_ms"])
         rounds = [timed_batch(referee, task, candidate, [], ask)["forward_ms"] for _ in range(OVERHEAD_ROUNDS)]
     return {
         "overhead_ms": sorted(rounds)[len(rounds) // 2],
