@@ -249,7 +249,6 @@ def repeat_speedups(variant, candidates, builds, tasks, settings, work, repeats)
                 "batch_ms": timed.get("batch_ms"),
                 **{key: path_medians(timed, key) for key in PATHS},
                 "rung": rung_share(timed),
-                **calibration_view(timed),
             }
         )
     return {
@@ -273,23 +272,6 @@ def forward_only(timed: dict) -> float:
     the spread is the difference between the two CVs): quickest batches, as the verdict's."""
     forward = timed["per_call_ms"]  # each batch's forward time per call, the round trip taken off
     return min(forward["ref"]) / min(forward["new"])
-
-
-def calibration_view(timed: dict) -> dict:
-    """The candidate's process against the reference's: its timed hand-offs' and writings' medians over the
-    reference's, the same from its calibration before its code loaded (measure.calibrate), and both round trips."""
-    batch = timed.get("batch_ms") or {}
-    calibration = batch.get("calibration") or {}
-    found = {}
-    for key, name in (("handoff", "handoff_x"), ("stage", "writing_x")):
-        ref = statistics.median(batch["ref"][key]) if batch.get("ref", {}).get(key) else None
-        if ref:
-            timed_x = statistics.median(batch["new"][key]) / ref if batch["new"].get(key) else None
-            calibrated_x = calibration[f"{key}_ms"] / ref if f"{key}_ms" in calibration else None
-            found[name] = [round(x, 3) if x else None for x in (timed_x, calibrated_x)]
-    if "overhead" in batch:
-        found["overhead_ms"] = [round(batch["overhead"], 4), round(calibration.get("overhead_ms", float("nan")), 4)]
-    return found
 
 
 def own_clock_speedup(timed: dict, clock: str) -> float | None:

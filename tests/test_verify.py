@@ -260,7 +260,7 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
     one of those) and a hand-off can swing by milliseconds: both candidates do work that outweighs that swing (what
     a copy's own spread leaves a candidate is bounded in docs/verifier.md), and the pair is measured once more when
     the first measurement does not show it; the checks hold on the last."""
-    from concur.verify import api, measure, orchestrate
+    from concur.verify import api, orchestrate
 
     honest = EARLY_RINGER.split("_harness =")[0] + "class ModelNew" + EARLY_RINGER.split("class ModelNew")[1]
     # the reference does the same work, so that both candidates are timed in full (not stopped as clearly slower)
@@ -319,10 +319,6 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
     for timing in found.values():
         for side in ("ref", "new"):
             assert all(all(b["rung"].values()) for b in timing["batch_ms"]["own_clock"][side])
-        # each candidate's process had its copies and round trip timed before its code loaded
-        calibration = timing["batch_ms"]["calibration"]
-        assert [len(calibration["batches"][k]) for k in ("stage", "handoff")] == [measure.CALIBRATION_BATCHES] * 2
-        assert timing["batch_ms"]["overhead_new"] >= timing["batch_ms"]["overhead"]
     early, honest_ms = found["early"], work_ms()
     late = handed_late(early, honest_ms)
     assert early["deferred"] and late, "the early ring never cut a forward short"

@@ -243,45 +243,6 @@ def test_work_done_while_the_inputs_are_written_is_counted():
     assert ahead == pytest.approx([0.25 + (5.0 - (1 + timing.COPY_SLACK) * 2.0) / 4] * 5)
 
 
-def test_a_candidates_process_is_held_to_its_own_pace_measured_before_its_code_loads():
-    """Honest: a candidate whose process hands off the same bytes 11 % slower than the reference's in every batch
-    (as one of 8 processes did on an H100 node), and was calibrated so before its code loaded, is charged nothing
-    for it; without the calibration that process's slowness was its time. Attack: calibrated slow (a neighbour's
-    load), its allowance still stops at CALIBRATION_CAP over the reference's, and work it moves into its hand-offs
-    beyond that is counted; calibrated quick, it is held to the reference's, never to less."""
-    reference, calls = [1.0, 0.98, 1.02, 1.0, 1.01], 4
-    slow = [1.11] * 5
-    assert timing.charged([0.5] * 5, [slow], [reference], calls, [1.11]) == [0.5] * 5
-    assert timing.charged([0.5] * 5, [slow], [reference], calls)[0] == pytest.approx(0.5 + (1.11 - 1.05) / calls)
-    deferring = timing.charged([0.2] * 5, [[2.0] * 5], [reference], calls, [1.6])
-    allowed = (1 + timing.COPY_SLACK) * (1 + timing.CALIBRATION_CAP) * 1.0
-    assert deferring == pytest.approx([0.2 + (2.0 - allowed) / calls] * 5)
-    assert timing.charged([0.5] * 5, [slow], [reference], calls, [0.8]) == timing.charged(
-        [0.5] * 5, [slow], [reference], calls
-    )
-    # the round trip taken off its batches: its own where slower, within the same cap
-    assert timing.calibrated(0.13, 0.14) == 0.14
-    assert timing.calibrated(0.13, 0.5) == pytest.approx(0.13 * (1 + timing.CALIBRATION_CAP))
-    assert timing.calibrated(0.13, 0.1) == timing.calibrated(0.13, None) == timing.calibrated(0.13, math.nan) == 0.13
-
-
-def test_the_calibrations_stand_in_copies_the_reference_outputs_bytes_and_only_before_a_program():
-    """`echo` stands in for the model while the candidate's process is calibrated: its outputs are laid out as the
-    reference's (dtype, shape, value leaves), so a hand-off copies the same bytes; once a program is loaded the
-    command is refused."""
-    from types import SimpleNamespace
-
-    from concur.verify.contestant import Contestant, Echo, leaf_meta, leaves
-
-    reference = [torch.zeros(3, 5), 7, torch.zeros(4, dtype=torch.int64), torch.zeros(0), torch.zeros(2, 2).bool()]
-    meta = [leaf_meta(leaf) for leaf in reference]
-    assert [leaf_meta(leaf) for leaf in leaves(Echo(meta, torch.device("cpu"))(torch.ones(1)))] == meta
-    side = SimpleNamespace(loader=None, model=None, device=torch.device("cpu"))
-    assert Contestant.echo(side, {"meta": meta})["ok"] and isinstance(side.model, Echo)
-    side.loader = object()
-    assert not Contestant.echo(side, {"meta": meta})["ok"]
-
-
 @pytest.mark.parametrize("share", [0.2, 0.5, 0.6, 1.0])
 def test_deferring_in_some_batches_only_gains_nothing(share):
     """Work moved from a batch's forward to its hand-off, in a share of the batches and by varying amounts: it is

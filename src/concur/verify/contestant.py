@@ -1,9 +1,7 @@
 """The contestant: one process that runs one model (the task's reference, or a candidate) for the referee.
 
-It is forked by a zygote into a sandbox and speaks only through its socket. Before a candidate's program, `echo`
-stands in for a model whose outputs are laid out as the reference's, so the referee can time this process's copies
-before anything of the candidate is in it. It loads the program, builds the model (seeded, as KernelBench does),
-then answers commands: `call` runs forward on views of the input arena and keeps the
+It is forked by a zygote into a sandbox and speaks only through its socket. It loads the program, builds the model
+(seeded, as KernelBench does), then answers commands: `call` runs forward on views of the input arena and keeps the
 outputs; `handoff` copies them into the output arena where the referee reads them; `kb_time` times forward the way
 KernelBench does (kernelbench mode); `profile` names the kernels (CUDA) or operators (CPU) of one forward; `state`
 reports the backend flags and whether harness functions were replaced. For a candidate everything here runs beside
@@ -75,7 +73,7 @@ class Contestant:
         self.pending: list[list] = []
         self.prepared: list = []
         self.unreported: tuple = (0, None)  # what `report` reads after a forward: kernel calls before it, its events
-        self.fp64, self.cast = False, None
+        self.fp64 = False
         self.received_at = 0.0  # when the command being answered arrived (the system's monotonic clock)
         self.bell: doorbell.Bell | None = None
         self.last = {doorbell.GO: None, doorbell.HANDOFF: None}  # the last token heard on each ringing slot
@@ -96,10 +94,6 @@ class Contestant:
     def load(self, msg: dict) -> dict:
         import torch
 
-        if isinstance(self.model, Echo):  # the calibration's outputs go back to the device, as a fresh process has none
-            self.model, self.pending = None, []
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
         if msg.get("fixed_backend"):
             fix_backend()
         self.cast = exchange.dtype_of(msg["cast"]) if msg.get("cast") else None
@@ -138,14 +132,6 @@ class Contestant:
             "init_s": time.perf_counter() - start,
             "counted_modules": self.loader.counted_modules,
         }
-
-    def echo(self, msg: dict) -> dict:
-        """Before any program is loaded: a model whose outputs are laid out as `meta` says (the reference's outputs
-        of one call) and computed by nothing, for the referee to time this process's copies (measure.calibrate)."""
-        if self.loader is not None:
-            return {"ok": False, "error": "echo comes before the program"}
-        self.model = Echo(msg["meta"], self.device)
-        return {"ok": True}
 
     def arena(self, msg: dict, fds: list[int]) -> dict:
         old = self.arenas.pop(msg["slot"], None)
@@ -418,23 +404,6 @@ class Contestant:
             torch.cuda.synchronize()
 
 
-class Echo:
-    """Uninitialised tensors and plain values in the layout of a model's outputs (leaf metadata, leaf_meta)."""
-
-    def __init__(self, meta: list[dict], device):
-        self.meta, self.device = meta, device
-
-    def __call__(self, *args) -> list:
-        import torch
-
-        return [
-            torch.empty(m["shape"], dtype=exchange.dtype_of(m["dtype"]), device=self.device)
-            if m["t"] == "tensor"
-            else m.get("v")
-            for m in self.meta
-        ]
-
-
 def leaves(output) -> list:
     if isinstance(output, (tuple, list)):
         return [leaf for item in output for leaf in leaves(item)]
@@ -458,7 +427,7 @@ def leaf_meta(leaf) -> dict:
         return {"t": "other", "detail": str(err)}
 
 
-COMMANDS = {"echo", "load", "prepare", "go", "call", "handoff", "double", "drop", "kb_time", "profile", "state"}
+COMMANDS = {"load", "prepare", "go", "call", "handoff", "double", "drop", "kb_time", "profile", "state"}
 
 
 def notify(channel, nonce, what: str) -> None:

@@ -1,8 +1,7 @@
 """One job on the referee: set up the task's reference, time it, then load, check and time the candidate.
 
-Hardened: the reference is timed on batches of secret inputs before the candidate's module is loaded, and the
-candidate's process has its copies and round trip timed (measure.calibrate) before it is loaded too; the candidate
-then runs the correctness trials (reference and candidate on the same fresh inputs, trial by trial, the
+Hardened: the reference is timed on batches of secret inputs before the candidate's module is loaded; the
+candidate then runs the correctness trials (reference and candidate on the same fresh inputs, trial by trial, the
 reference's outputs kept privately), replays the reference's timed batches (a sample of every timed output checked
 against the reference's), and is profiled. kernelbench: KernelBench's trials and KernelBench's in-process timing
 (the reference's once per task, before any candidate runs). The facts it returns are judged by concur.verify.checks.
@@ -60,9 +59,6 @@ def evaluate(referee, job: dict) -> dict:
         with stages("start"):
             candidate = referee.take(memory_mb, int(settings["max_processes"]))
         facts["sandbox"] = candidate.sandbox
-        if plan is not None:  # its process's own pace, before anything of the candidate is in it
-            with stages("calibration"):
-                facts["calibration"] = calibrate(referee, task, candidate)
         deadline = time.monotonic() + float(settings["timeout_s"])
         with stages("load"):
             loaded = load_candidate(referee, task, candidate, job, facts, deadline)
@@ -102,14 +98,6 @@ class Stages:
             yield
         finally:
             self.into[name] = self.into.get(name, 0.0) + time.perf_counter() - begin
-
-
-def calibrate(referee, task, candidate) -> dict:
-    """measure.calibrate; whatever fails there, before the candidate's code is loaded, is the verifier's failure."""
-    try:
-        return measure.calibrate(referee, task, candidate)
-    except (RunnerFailed, CallFailed) as err:
-        raise RunnerFailed("referee", "calibration", f"the candidate's process before its code loaded: {err}") from None
 
 
 def load_candidate(referee, task, candidate, job, facts, deadline) -> bool:

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import math
 import secrets
-import statistics
 import time
 
 from concur.verify import checks, exchange, procs, timing
 from concur.verify.reference import (
-    OVERHEAD_ROUNDS,
     PROFILE_EXTRA_S,
     SEED,
     CallFailed,
@@ -26,9 +24,6 @@ from concur.verify.reference import (
 # Output elements checked per tensor leaf of a timed batch, spread over all of its calls (at least SAMPLES_MIN each):
 # a call left undone fails at any of its positions, and the referee keeps positions and values of every batch
 SAMPLES_PER_BATCH, SAMPLES_MIN = 4096, 64
-# The candidate's process's calibration (calibrate): copies timed in this many batches after a first (its round trips
-# as many times as the reference's, OVERHEAD_ROUNDS)
-CALIBRATION_BATCHES = 5
 
 
 def samples_per_call(calls: int) -> int:
@@ -132,12 +127,12 @@ def warm_up(referee, task, runner, calls, settings, ask, deadline: float | None 
         done += 1
 
 
-def timed_batch(referee, task, runner, seeds, ask, deadline: float | None = None, gather=None, values=None) -> dict:
-    """One timed batch: fresh inputs drawn (or `values`, one call's each), the contestant's views of the arena made,
-    then on the referee's clock the inputs written and the caches flushed, the calls run, and their outputs handed
-    off, with what `gather` reads of them (timed_round).
+def timed_batch(referee, task, runner, seeds, ask, deadline: float | None = None, gather=None) -> dict:
+    """One timed batch: fresh inputs drawn, the contestant's views of the arena made, then on the referee's clock
+    the inputs written and the caches flushed, the calls run, and their outputs handed off, with what `gather`
+    reads of them (timed_round).
     `forward_ms`: the clock less the writing (whose excess over the reference's counts, timing.charged)."""
-    values = [referee.draw(task, s, "random") for s in seeds] if values is None else values
+    values = [referee.draw(task, s, "random") for s in seeds]
     specs = referee.layout(runner, values, "timing")
     begin = time.perf_counter()  # recorded, not counted: nothing of this batch's inputs is in the arena yet
     answered(ask({"op": "prepare", "calls": [{"args": sp} for sp in specs]}, "timing", 60.0, spin=True))
@@ -159,32 +154,6 @@ def timed_batch(referee, task, runner, seeds, ask, deadline: float | None = None
         "cpu_s": timed["cpu_s"],
         "kernel_calls": reply.get("kernel_calls", 0),
         "own_clock": own_clock(reply, timed),
-    }
-
-
-def calibrate(referee, task, candidate) -> dict:
-    """The candidate's process, taken but before its code is loaded, timed as the reference's was: the writing and
-    hand-off of batches whose outputs are laid out as the reference's and computed by nothing (the contestant's
-    `echo`), after one to warm up, and the empty batch's round trip. Its copies and round trip may run slower than
-    the reference's process's (a core shared with a busy neighbour, where its memory lies), and that pace, which
-    nothing of the candidate can yet change, is what its own batches are then held to (timing.calibrated)."""
-    timeout = call_timeout(task, task.calls)
-    ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, min(t, timeout), spin=spin)  # noqa: E731
-    answered(ask({"op": "echo", "meta": task.meta}, "calibration"))
-    values = [referee.draw(task, secrets.randbits(62), "random") for _ in range(task.calls)]
-    seeds = [0] * task.calls  # stochastic tasks are reseeded in every call, as in a timed batch
-    copies: dict[str, list[float]] = {"stage": [], "handoff": []}
-    with referee.quiet():
-        for number in range(CALIBRATION_BATCHES + 1):
-            batch = timed_batch(referee, task, candidate, seeds, ask, values=values)
-            if number:
-                for key, times in copies.items():
-                    times.append(batch[f"{key}_ms"])
-        rounds = [timed_batch(referee, task, candidate, [], ask)["forward_ms"] for _ in range(OVERHEAD_ROUNDS)]
-    return {
-        "overhead_ms": sorted(rounds)[len(rounds) // 2],
-        **{f"{key}_ms": statistics.median(times) for key, times in copies.items()},
-        "batches": copies,
     }
 
 
@@ -257,8 +226,6 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     billed: list[float] = []  # forward's batches per call, charged (charged below)
     timed = {"calls": 0, "mismatch": None, "mutated": []}
     reference = timing.summary(plan["per_call"], plan["charged"])
-    calibration = facts.get("calibration") or {}
-    overhead = timing.calibrated(task.overhead_ms, calibration.get("overhead_ms"))  # the round trip of its own process
     steady = timing.per_call_times([1000.0 * s for s in facts.get("steady_call_s", [])], task.overhead_ms, 1)
     if referee.device == "cuda" and timing.slower_by_calls(steady, settings["timing_min_s"], reference["median_ms"]):
         facts["timed"] = {**timed, "settled_by": "correctness calls"}  # each checked whole, the pool stopped
@@ -297,14 +264,14 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                     for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i])
                     if j not in timed["mutated"]
                 ]
-            billed = charged(forward, stages, handoffs, plan, overhead, calibration)
+            billed = charged(forward, stages, handoffs, plan, task.overhead_ms)
             if timed["mismatch"] or timing.candidate_done(
                 billed, calls, float(settings["timing_min_s"]), reference["median_ms"]
             ):
                 break
     facts["timed"] = timed
     if forward:
-        per_call = timing.per_call_times(forward, overhead, calls)
+        per_call = timing.per_call_times(forward, task.overhead_ms, calls)
         facts["timing"] = {
             "ref": reference,
             "new": timing.summary(per_call, billed),  # every batch that ran, as the loop last charged them
@@ -313,9 +280,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             "batch_ms": {  # the referee's clock readings of every batch, and the round trip taken off them
                 "ref": {key: plan[key] for key in ("forward", "stage", "handoff", "prepare")},
                 "new": {"forward": forward, "stage": stages, "handoff": handoffs, "prepare": prepares},
-                "overhead": task.overhead_ms,  # the reference's process's; the candidate's as taken off its batches:
-                "overhead_new": overhead,
-                "calibration": calibration,  # the candidate's process before its code loaded (calibrate)
+                "overhead": task.overhead_ms,
                 "own_clock": {"ref": plan["own_clock"], "new": own},  # the processes' own, for benchmarks
             },
             "deferred": timing.deferred(handoffs, plan["handoff"], forward),
@@ -327,13 +292,11 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
 
 
-def charged(forward, stages, handoffs, plan: dict, overhead_ms: float, own: dict):
-    """The candidate's batches per call, each with its copies' excess over the reference's, or over its own process's
-    where slower (`own`: calibrate's medians; timing.charged)."""
+def charged(forward: list[float], stages: list[float], handoffs: list[float], plan: dict, overhead_ms: float):
+    """The candidate's batches per call, each with its copies' excess over the reference's (timing.charged)."""
     calls = plan["calls"]
     per_call = timing.per_call_times(forward, overhead_ms, calls)
-    mine = [own.get("stage_ms"), own.get("handoff_ms")]
-    return timing.charged(per_call, [stages, handoffs], [plan["stage"], plan["handoff"]], calls, mine)
+    return timing.charged(per_call, [stages, handoffs], [plan["stage"], plan["handoff"]], calls)
 
 
 def sample_mismatch(torch, picked: list, leaves: list, kept: list, settings: dict) -> str | None:

@@ -20,7 +20,6 @@ CALL_FLOOR_S, CALL_FACTOR, FIRST_CALL_EXTRA_S = 5.0, 100.0, 10.0  # a call's dea
 PROFILE_EXTRA_S = 30.0  # on top, for a profiled call: the profiler's start and the reading of its events
 LOAD_FLOOR_S = 60.0
 REFERENCE_MEMORY_MB = 65536
-OVERHEAD_ROUNDS = 11  # empty batches whose middle round trip is taken off every timed batch (overhead_ms)
 FP64_MAX_BYTES = 4 << 30  # the float64 check runs for tasks whose inputs and outputs take at most this much
 
 
@@ -229,7 +228,7 @@ def load_message(settings: dict, role: str, class_name: str, program, init: list
 def overhead_ms(referee, task) -> float:
     """The round trip of an empty batch on the reference's process, after a flush as in a timed batch (on a GPU the
     switch back to the contestant's context is part of it): subtracted from both sides."""
-    times = [ref_round(referee, task, [])["go_ms"] for _ in range(OVERHEAD_ROUNDS)]
+    times = [ref_round(referee, task, [])["go_ms"] for _ in range(11)]
     return sorted(times)[len(times) // 2]
 
 

@@ -14,8 +14,7 @@ shifted between a batch's forward and its copies is counted whole in that batch.
 (concur.verify.measure). The reference is timed first, before the candidate's code is loaded, until it has run
 `timing_min_s` (at least MIN_BATCHES batches); the candidate then replays the same batches, stopping early once it
 is clearly slower than eager, or not replaying them at all where its long correctness calls already show that
-(slower_by_calls); its copies and round trip are held to its own process's pace where that was measured slower
-before its code loaded (calibrated). Speedup: the ratio of the two sides' quickest batches, per call (summary).
+(slower_by_calls). Speedup: the ratio of the two sides' quickest batches, per call (summary).
 """
 
 from __future__ import annotations
@@ -38,11 +37,6 @@ DEFERRED_SHARE, DEFERRED_FLOOR_MS = 0.25, 0.02  # a hand-off this much slower th
 # points on the speedup's CV. It is also what a candidate could hide: 5 % of a copy, at most 5 % of its time where
 # its inputs or outputs take as long to copy as to compute, next to nothing otherwise.
 COPY_SLACK = 0.05
-# How much slower than the reference's process the candidate's may be found, before its code loads, in a copy or the
-# round trip and still have it counted (calibrated): processes on one H100 node handed off the same bytes up to 11 %
-# slower, in every batch, and that excess was charged as the candidate's work; a wider cap would let a calibration
-# slowed by a neighbour's load widen what a candidate could hide.
-CALIBRATION_CAP = 0.15
 
 
 def batch_size(call_ms: float, input_bytes: int, output_bytes: int, budget_bytes: int) -> int:
@@ -61,32 +55,12 @@ def per_call_times(forward_ms: list[float], overhead_ms: float, calls: int) -> l
     return [per_call_ms(f, overhead_ms, calls) for f in forward_ms]
 
 
-def calibrated(reference_ms: float, own_ms: float | None) -> float:
-    """What a step of the candidate's process (a copy, the round trip) is expected to take: the reference's, or,
-    where the same step measured in the candidate's process before its code was loaded (measure.calibrate) was
-    slower, that, counted up to CALIBRATION_CAP over the reference's. Never less than the reference's."""
-    if own_ms is None or not math.isfinite(own_ms):
-        return reference_ms
-    return max(reference_ms, min(own_ms, (1.0 + CALIBRATION_CAP) * reference_ms))
-
-
-def charged(
-    per_call: list[float],
-    copies: list[list[float]],
-    reference_copies: list[list[float]],
-    calls: int,
-    own: list[float | None] | None = None,
-):
+def charged(per_call: list[float], copies: list[list[float]], reference_copies: list[list[float]], calls: int):
     """Each batch's time per call with what its copies (the writing of its inputs, the hand-off of its outputs)
-    took beyond COPY_SLACK over the median of the same copy for the reference (`own`: the candidate's process's
-    calibrated medians of them, timing.calibrated), counted in that batch: work overlapped with a copy lengthens it
-    as much as it shortens the batch's forward, so it is counted whole whichever batches it was moved in; a copy
-    faster than expected earns no credit. Both sides are charged alike."""
-    own = own or [None] * len(reference_copies)
-    allowed = [
-        (1.0 + COPY_SLACK) * calibrated(statistics.median(ref), mine) if ref else math.inf
-        for ref, mine in zip(reference_copies, own)
-    ]
+    took beyond COPY_SLACK over the median of the same copy for the reference, counted in that batch: work
+    overlapped with a copy lengthens it as much as it shortens the batch's forward, so it is counted whole whichever
+    batches it was moved in; a copy faster than the reference's earns no credit. Both sides are charged alike."""
+    allowed = [(1.0 + COPY_SLACK) * statistics.median(ref) if ref else math.inf for ref in reference_copies]
     return [
         p + sum(max(0.0, copy[i] - limit) for copy, limit in zip(copies, allowed) if i < len(copy)) / max(1, calls)
         for i, p in enumerate(per_call)
