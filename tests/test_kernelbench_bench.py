@@ -243,6 +243,7 @@ def test_side_by_side_spreads_problems_and_counts_disagreements(tmp_path, capsys
     assert rows["ours, hardened"]["GPU-s/cand mean"] == 3.0 and rows["ours, kernelbench"]["CPU-s/build"] == 100.0
     assert rows["KernelBench harness"]["GPU-s/cand mean"] == 8.0
     assert rows["ours, hardened"]["cand/h/node"] == 3600.0 / max(3.0, 100.0 / 16)
+    assert result["per_job"]["hardened"] == {"in_jobs_s_per_cand": 2.0, "once_s": 4.0}  # 12 s wall, 4 jobs of 2 s
     assert result["agreement"]["agree"] == 2
     assert {d["id"] for d in result["agreement"]["disagreements"]} == {"c3a", "c3b"}
     assert "c3a: ours rejected" in capsys.readouterr().out
