@@ -17,15 +17,15 @@ import os
 ALIGN = 256
 OUT_SLACK = 64 << 10  # a hand-off lands at a random offset in this much room: it cannot be written in advance
 ARENA_BUDGET = 1 << 30  # inputs and outputs of one timed batch, at most (a GPU's: see arena_budget)
-ARENA_BUDGET_MAX = 4 << 30
+ARENA_BUDGET_MAX = 12 << 30
 
 
 def arena_budget(device_bytes: int | None) -> int:
-    """Bytes of one timed batch's inputs and outputs: a sixteenth of the GPU, within 1-4 GiB. Longer batches of a
-    fast kernel let the referee's clock read it more precisely (the round trip is a smaller share of it)."""
+    """Bytes of one timed batch's inputs and outputs: a sixth of the GPU, within 1-12 GiB, so that a fast kernel's
+    batch can last timing.TARGET_BATCH_MS (on an 80 GB GPU, 60 calls of two 64 MB inputs and one output)."""
     if not device_bytes:
         return ARENA_BUDGET
-    return max(ARENA_BUDGET, min(ARENA_BUDGET_MAX, device_bytes // 16))
+    return max(ARENA_BUDGET, min(ARENA_BUDGET_MAX, device_bytes // 6))
 
 
 # ---------------------------------------------------------------- the CUDA driver, through ctypes

@@ -6,7 +6,7 @@ starts, the inputs are written into the arena and the caches flushed, the batch 
 and the clock stops when the contestant rings back. Nothing a candidate could compute on is in its reach before that
 clock starts. The writing is taken off again, and whatever a batch's writing takes beyond the reference's median
 (and COPY_SLACK of it) is added to that batch: the candidate's kernels time-share the GPU with the referee's, so
-work that ran while its inputs landed lengthened the writing. B grows until a batch lasts a few milliseconds, so
+work that ran while its inputs landed lengthened the writing. B grows until a batch lasts TARGET_BATCH_MS, so
 the message round trip (measured on the reference's process and subtracted from both) is a small share of it. The
 outputs then move to the referee in a separate hand-off, rung at once and timed until the referee has read its
 sample: work a candidate defers past its reply shows up there, and is added to its batch the same way, so work
@@ -25,7 +25,11 @@ import statistics
 MIN_BATCHES = 10
 MAX_BATCHES = 2000
 MAX_BATCH = 64
-TARGET_BATCH_MS = 5.0
+# What the host adds to a batch (the wake-up on the bell, the first launch, the answer) follows the pace of the
+# side's core, which on the H100 nodes measured changed in phases within and between processes; it is a smaller
+# share of a longer batch: 10 ms instead of 5 took one fast kernel's speedup CV over 8 runs from 3.4-4.3 % to
+# 0.8-2.2 % (benchmarks/README.md)
+TARGET_BATCH_MS = 10.0
 WARMUP_MIN_S = 0.05  # warm-up at least this long on the GPU, so its clocks have settled
 SLOWER_STOP = 3.0  # the candidate stops once its median per-call time exceeds this many times the reference's
 SLOWER_MIN_BATCHES = 3
