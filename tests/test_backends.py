@@ -61,6 +61,7 @@ class Server:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                self.counted = True
                 with outer.lock:
                     outer.requests.append(body)
                     outer.auth.append(self.headers.get("Authorization"))
@@ -96,6 +97,13 @@ class Server:
                 except OSError:
                     pass  # the client gave up (its timeout) and closed the connection
                 finally:
+                    self.answered()
+
+            def answered(self):
+                """No longer in flight: called right before a request's last bytes go out, since once they are out
+                the client may send its next request before this handler returns."""
+                if getattr(self, "counted", False):
+                    self.counted = False
                     with outer.lock:
                         outer.in_flight -= 1
 
@@ -136,6 +144,7 @@ class Server:
                     return
                 if (body.get("stream_options") or {}).get("include_usage"):
                     self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': data.get('usage')})}\n\n".encode())
+                self.answered()
                 self.wfile.write(b"data: [DONE]\n\n")
 
             def answer(self, status, headers, data):
@@ -148,6 +157,7 @@ class Server:
                 }.items():
                     self.send_header(key, value)
                 self.end_headers()
+                self.answered()
                 self.wfile.write(raw)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
