@@ -4,7 +4,8 @@ build, and how often `kernelbench` mode agrees with KernelBench's verdict.
 
 Input: a folder from benchmarks/kernelbench_candidates.py (`<id>.py` + `manifest.jsonl`) and a KernelBench checkout.
 Each part writes its own file under --out, so a run cut short, or parts run in separate calls (`--parts`), still
-make one table (`--parts report` prints it from what is there):
+make one table (`--parts report` prints it from what is there). `--shard K/N` runs our part on every Nth problem
+into --out/shard-K-of-N, for machines lent a few minutes a command; the report adds up the shards it finds:
 
     ours.jsonl       one line per candidate and mode (status, reason, speedup, eval_s)
     ours.json        build wall and CPU seconds, verify wall seconds per mode
@@ -49,6 +50,39 @@ def spread_problems(cands: list[dict], problems: int) -> list[dict]:
     return [c for c in cands if (c["level"], c["problem_id"]) in keep]
 
 
+def shard_of(cands: list[dict], shard: str | None) -> list[dict]:
+    """The candidates of shard "K/N": the problems whose place in the candidates' problem order is K-1 modulo N."""
+    if not shard:
+        return cands
+    k, n = (int(x) for x in shard.split("/"))
+    if not 1 <= k <= n:
+        raise SystemExit(f"--shard {shard}: K must be within 1..N")
+    order = list(dict.fromkeys((c["level"], c["problem_id"]) for c in cands))
+    keep = set(order[k - 1 :: n])
+    return [c for c in cands if (c["level"], c["problem_id"]) in keep]
+
+
+def ours_dirs(out: Path) -> list[Path]:
+    """Where our part's files are: --out itself, or the shards under it."""
+    if (out / "ours.json").is_file():
+        return [out]
+    return sorted(d for d in out.glob("shard-*-of-*") if (d / "ours.json").is_file())
+
+
+def read_ours(out: Path) -> tuple[pd.DataFrame, dict, list[dict]]:
+    """Our verdicts and build and verify totals over --out or its shards (sums; each shard paid its own once-per-run
+    costs), and each shard's own summary."""
+    rows, parts = [], []
+    for folder in ours_dirs(out):
+        parts.append(json.loads((folder / "ours.json").read_text()))
+        if (folder / "ours.jsonl").is_file():
+            rows += [json.loads(x) for x in (folder / "ours.jsonl").read_text().splitlines()]
+    summary = {k: sum(p.get(k, 0) for p in parts) for k in {k for p in parts for k in p} if k != "build_steps_s"}
+    summary["runs"] = len(parts)
+    ours = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["mode", "candidate_id"])
+    return ours, summary, parts
+
+
 def frames(cands: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The candidates and tasks tables (docs/data.md contracts 1 and 3) of the chosen candidates."""
     task_of = {c["id"]: f"L{c['level']}/{Path(c['reference']).stem}" for c in cands}
@@ -71,7 +105,9 @@ def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
     from concur.verify import api, compile_frame, verify_frame
 
     candidates, tasks = frames(cands)
-    work = args.out / "ours-work"
+    folder = args.out / f"shard-{args.shard.replace('/', '-of-')}" if args.shard else args.out
+    folder.mkdir(parents=True, exist_ok=True)
+    work = folder / "ours-work"
     settings = {
         "device": "cuda",
         "workers": args.workers,
@@ -90,7 +126,7 @@ def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
     summary["built"] = int((builds["status"] == "built").sum())
     summary["build_steps_s"] = build_steps(work / "cache")
     print(f"[ours] build steps, median seconds: {summary['build_steps_s']}", flush=True)
-    with open(args.out / "ours.jsonl", "w") as out:
+    with open(folder / "ours.jsonl", "w") as out:
         for mode in args.modes.split(","):
             stages: dict[str, dict] = {}  # where each candidate's GPU time went
             api.FACTS_SINK = lambda cid, facts, into=stages: into.__setitem__(cid, facts.get("stage_s"))
@@ -103,7 +139,7 @@ def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
                 row = {"mode": mode, **{k: v[k] for k in keep}, "stage_s": stages.get(v["candidate_id"])}
                 out.write(json.dumps(row, default=float) + "\n")
             print(f"[ours] {mode}: {len(verdicts)} candidates in {summary[f'{mode}_wall_s']:.0f} s", flush=True)
-    (args.out / "ours.json").write_text(json.dumps(summary, indent=1))
+    (folder / "ours.json").write_text(json.dumps(summary, indent=1))
 
 
 def shared_pchs(candidates: pd.DataFrame, settings: dict, work: Path) -> int:
@@ -156,12 +192,9 @@ def run_kernelbench(cands: list[dict], args: argparse.Namespace) -> None:
 def report(cands: list[dict], args: argparse.Namespace) -> dict:
     """The table of what is under --out, printed and returned."""
     ids = [c["id"] for c in cands]
-    ours = (
-        pd.DataFrame([json.loads(x) for x in (args.out / "ours.jsonl").read_text().splitlines()])
-        if (args.out / "ours.jsonl").is_file()
-        else pd.DataFrame(columns=["mode", "candidate_id"])
-    )
-    summary = json.loads((args.out / "ours.json").read_text()) if (args.out / "ours.json").is_file() else {}
+    ours, summary, parts = read_ours(args.out)
+    if len(parts) > 1:
+        print(f"our part: {len(parts)} shards, {summary['candidates']} candidates, each shard its own machine")
     kb = read_jsonl(args.out / "kernelbench.jsonl") if (args.out / "kernelbench.jsonl").is_file() else {}
     kb = {i: kb[i] for i in ids if i in kb}
     rows = []
@@ -169,6 +202,7 @@ def report(cands: list[dict], args: argparse.Namespace) -> dict:
     if "pch_cpu_s" in summary:
         print(
             f"shared PCHs: {summary['pch_programs']} flag sets, {summary['pch_cpu_s']:.0f} CPU-s once per node"
+            f"{' (summed over the shards)' if len(parts) > 1 else ''}"
             f" ({summary['pch_cpu_s'] / max(1, summary['candidates']):.1f} a build on these"
             f" {summary['candidates']}); CPU-s/build below leaves them out"
         )
@@ -238,6 +272,7 @@ def per_job(ours: pd.DataFrame, summary: dict) -> dict:
     contestants' start, loading the tasks, the end): the GPU-s mean above carries the latter over these few
     candidates, a shard of a paper-scale run over about a thousand."""
     found = {}
+    runs_note = f" (summed over {summary['runs']} runs)" if summary.get("runs", 1) > 1 else ""
     for mode in MODES:
         part = ours[ours["mode"] == mode]
         if part.empty or f"{mode}_wall_s" not in summary:
@@ -247,6 +282,7 @@ def per_job(ours: pd.DataFrame, summary: dict) -> dict:
         print(
             f"{mode}: {found[mode]['in_jobs_s_per_cand']:.2f} GPU-s a candidate in its job,"
             f" {found[mode]['once_s']:.1f} s once per verify run"
+            f"{runs_note}"
         )
     return found
 
@@ -304,6 +340,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--problems", type=int, default=0, help="this many problems, spread evenly (0: all)")
     parser.add_argument("--parts", default="ours,kernelbench,report", help="any of ours, kernelbench, report")
+    parser.add_argument("--shard", help="K/N: our part on every Nth problem from the Kth, into --out/shard-K-of-N")
     parser.add_argument("--modes", default=",".join(MODES), help="our modes to run, of " + ",".join(MODES))
     parser.add_argument("--workers", type=int, default=16, help="our contestants per GPU")
     parser.add_argument("--build-workers", type=int, default=len(os.sched_getaffinity(0)))
@@ -313,8 +350,11 @@ def main() -> None:
     for p in problems:
         print(f"[skip] {p}")
     cands = spread_problems(cands, args.problems)
-    args.out.mkdir(parents=True, exist_ok=True)
     parts = set(args.parts.split(","))
+    if args.shard and "kernelbench" in parts:
+        raise SystemExit("--shard: our part only; run KernelBench's harness (--parts kernelbench) without it")
+    cands = shard_of(cands, args.shard)
+    args.out.mkdir(parents=True, exist_ok=True)
     print(f"{len(cands)} candidates over {len({(c['level'], c['problem_id']) for c in cands})} problems", flush=True)
     if "ours" in parts:
         run_ours(cands, args)

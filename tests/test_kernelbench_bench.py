@@ -251,6 +251,19 @@ def test_side_by_side_spreads_problems_and_counts_disagreements(tmp_path, capsys
     log.parent.mkdir(parents=True)
     log.write_text("# ninja log v5\n0\t22000\t0\tmain.o\th\n0\t60000\t0\tcuda.cuda.o\th\n60000\t60400\t0\tm.so\th\n")
     assert side.build_steps(tmp_path / "cache") == {"cuda.cuda.o": 60.0, "link": 0.4, "main.o": 22.0}
+    shards = tmp_path / "sharded"
+    for k, ids in ((1, ("c0a", "c0b")), (2, ("c3a", "c3b"))):
+        assert {c["id"] for c in side.shard_of(picked[:4], f"{k}/2")} == set(ids)
+        folder = shards / f"shard-{k}-of-2"
+        folder.mkdir(parents=True)
+        (folder / "ours.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines if x["candidate_id"] in ids))
+        (folder / "ours.json").write_text(json.dumps({"candidates": 2, "build_cpu_s": 200.0, "hardened_wall_s": 6.0,
+                                                      "kernelbench_wall_s": 4.0, "build_steps_s": {}}))  # fmt: skip
+    args.out = shards
+    merged = side.report(picked[:4], args)
+    assert [r["GPU-s/cand mean"] for r in merged["table"]] == [2.0, 3.0]  # 8 and 12 s over 4 candidates
+    assert merged["per_job"]["hardened"] == {"in_jobs_s_per_cand": 2.0, "once_s": 4.0}  # 2 s once in each shard
+    assert "2 shards, 4 candidates" in capsys.readouterr().out
     (tmp_path / "ref.py").write_text("class Model: pass\n")
     (tmp_path / "new.py").write_text("class ModelNew: pass\n")
     same_problem = [{"id": i, "level": 2, "reference": str(tmp_path / "ref.py"), "program": str(tmp_path / "new.py")}
