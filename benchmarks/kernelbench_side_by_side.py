@@ -77,7 +77,9 @@ def read_ours(out: Path) -> tuple[pd.DataFrame, dict, list[dict]]:
         parts.append(json.loads((folder / "ours.json").read_text()))
         if (folder / "ours.jsonl").is_file():
             rows += [json.loads(x) for x in (folder / "ours.jsonl").read_text().splitlines()]
-    summary = {k: sum(p.get(k, 0) for p in parts) for k in {k for p in parts for k in p} if k != "build_steps_s"}
+    keys = {k for p in parts for k in p if k != "build_steps_s"}
+    summed = lambda k: k in ("candidates", "built") or k.endswith(("_wall_s", "_cpu_s"))  # noqa: E731
+    summary = {k: (sum if summed(k) else max)(p.get(k, 0) for p in parts) for k in keys}
     summary["runs"] = len(parts)
     ours = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["mode", "candidate_id"])
     return ours, summary, parts
@@ -116,6 +118,7 @@ def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
         "timeout_s": 900,
     }
     summary = {"candidates": len(candidates), "build_workers": args.build_workers, "workers": args.workers}
+    summary["node_cores"] = len(os.sched_getaffinity(0))
     build_settings = {**settings, "mode": "hardened"}
     cpu0, t0 = busy_cpu_s(), time.perf_counter()
     summary["pch_programs"] = shared_pchs(candidates, build_settings, work)
@@ -198,11 +201,12 @@ def report(cands: list[dict], args: argparse.Namespace) -> dict:
     kb = read_jsonl(args.out / "kernelbench.jsonl") if (args.out / "kernelbench.jsonl").is_file() else {}
     kb = {i: kb[i] for i in ids if i in kb}
     rows = []
+    cores = args.node_cores or summary.get("node_cores") or len(os.sched_getaffinity(0))
     build_cpu = summary.get("build_cpu_s", 0) / max(1, summary.get("candidates", 1))  # shared PCHs apart
     if "pch_cpu_s" in summary:
         print(
-            f"shared PCHs: {summary['pch_programs']} flag sets, {summary['pch_cpu_s']:.0f} CPU-s once per node"
-            f"{' (summed over the shards)' if len(parts) > 1 else ''}"
+            f"shared PCHs: {summary['pch_programs']} flag sets, {summary['pch_cpu_s'] / len(parts):.0f} CPU-s once per"
+            f" node{f' (mean of {len(parts)} shards)' if len(parts) > 1 else ''}"
             f" ({summary['pch_cpu_s'] / max(1, summary['candidates']):.1f} a build on these"
             f" {summary['candidates']}); CPU-s/build below leaves them out"
         )
@@ -218,7 +222,7 @@ def report(cands: list[dict], args: argparse.Namespace) -> dict:
                 gpu,
                 statistics.median(part["eval_s"]),
                 build_cpu,
-                args,
+                cores,
                 (part["status"] == "correct").sum(),
             )
         )
@@ -232,7 +236,7 @@ def report(cands: list[dict], args: argparse.Namespace) -> dict:
                 statistics.fmean(gpu),
                 statistics.median(gpu),
                 statistics.fmean(builds) if builds else 0.0,
-                args,
+                cores,
                 sum(r["status"] == "correct" for r in kb.values()),
             )
         )
@@ -287,9 +291,9 @@ def per_job(ours: pd.DataFrame, summary: dict) -> dict:
     return found
 
 
-def row(name: str, n: int, mean_gpu: float, median_gpu: float, build_cpu: float, args, correct: int) -> dict:
+def row(name: str, n: int, mean_gpu: float, median_gpu: float, build_cpu: float, cores: int, correct: int) -> dict:
     # compile and verify overlapped on one node: the slower of the GPU and the CPU pool sets the pace
-    per_hour = 3600.0 / max(mean_gpu, build_cpu / args.node_cores)
+    per_hour = 3600.0 / max(mean_gpu, build_cpu / cores)
     return {
         "verifier": name,
         "candidates": n,
@@ -344,7 +348,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="our modes to run, of " + ",".join(MODES))
     parser.add_argument("--workers", type=int, default=16, help="our contestants per GPU")
     parser.add_argument("--build-workers", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--node-cores", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--node-cores", type=int, help="cores per node (default: as recorded by our part, else here)")
     args = parser.parse_args()
     cands, problems = load_candidates(args.candidates, args.kernelbench)
     for p in problems:
