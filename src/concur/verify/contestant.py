@@ -309,15 +309,13 @@ class Contestant:
                 whole = target[first : first + size * len(kept)].view(kept[0].dtype)
                 return list(whole.view(len(kept), *kept[0].shape).unbind(0)), kept
         views, sources, end = [], [], exchange.aligned(start)
-        for produced in self.pending:
-            for leaf in produced:
-                if isinstance(leaf, torch.Tensor):
-                    at, size = base + end, leaf.numel() * leaf.element_size()
-                    if at + size > target.numel():
-                        raise ValueError("outputs larger than the output arena")
-                    views.append(target[at : at + size].view(leaf.dtype))
-                    sources.append(torch.as_tensor(leaf).reshape(-1))
-                    end = exchange.aligned(end + size)
+        for leaf in kept:
+            at, size = base + end, leaf.numel() * leaf.element_size()
+            if at + size > target.numel():
+                raise ValueError("outputs larger than the output arena")
+            views.append(target[at : at + size].view(leaf.dtype))
+            sources.append(torch.as_tensor(leaf).reshape(-1))
+            end = exchange.aligned(end + size)
         return views, sources
 
     def double(self, msg: dict) -> dict:
