@@ -143,6 +143,15 @@ class _NullBar:
         return False
 
 
+def check_importable(checkout: Path) -> None:
+    """Stop before any build if the children could not import KernelBench: every candidate would read as a crash."""
+    cmd = [sys.executable, str(HERE), "--child-check", "--kernelbench", str(checkout.resolve())]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        sys.exit(f"error: KernelBench from {checkout / 'src'} does not import here: {last}")
+
+
 def set_arch(arch: str) -> None:
     """KernelBench's set_gpu_arch for its names (Hopper, Ada, ...); a number such as 9.0 is used as it is."""
     names = [a for a in arch.replace(",", ";").split(";") if a]
@@ -489,6 +498,7 @@ def main(argv: list[str] | None = None) -> None:
     # the child processes
     parser.add_argument("--child-build", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-eval", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-check", action="store_true", help=argparse.SUPPRESS)
     for flag in ("--program", "--reference", "--build-dir", "--result"):
         parser.add_argument(flag, help=argparse.SUPPRESS)
     parser.add_argument("--device", type=int, default=0, help=argparse.SUPPRESS)
@@ -498,6 +508,9 @@ def main(argv: list[str] | None = None) -> None:
         return child_build(args)
     if args.child_eval:
         return child_eval(args)
+    if args.child_check:
+        import_kernelbench(Path(args.kernelbench))
+        return None
     if args.candidates is None or (args.out is None and not args.dry_run):
         parser.error("CANDIDATES and --out are required")
 
@@ -529,6 +542,7 @@ def main(argv: list[str] | None = None) -> None:
                 print("  eval:  " + shlex.join(child_command("eval", c, args, work, i % args.gpus)))
         return None
 
+    check_importable(checkout)
     work.mkdir(parents=True, exist_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     builds: dict[str, dict] = {}

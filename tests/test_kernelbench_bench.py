@@ -207,6 +207,23 @@ def test_harness_gives_unused_kernelbench_imports_stand_ins(tmp_path):
     assert {"openai", "litellm"} <= set(stubbed)
 
 
+def test_harness_stops_before_building_when_kernelbench_does_not_import(tmp_path):
+    # with a KernelBench dependency missing, every build and evaluation child would crash and each candidate would
+    # read as a crash: one line before any build says what is missing instead
+    kb = checkout(tmp_path)
+    pkg = kb / "src" / "kernelbench"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "eval.py").write_text("import pydantic_not_installed_here\n")
+    out = tmp_path / "kb.jsonl"
+    with pytest.raises(SystemExit) as stop:
+        harness.main([str(write_folder(tmp_path)), "--kernelbench", str(kb), "--out", str(out)])
+    assert "does not import here" in str(stop.value) and "pydantic_not_installed_here" in str(stop.value)
+    assert not out.exists() and not (tmp_path / "kb.jsonl.work").exists()
+    (pkg / "eval.py").write_text("X = 1\n")
+    harness.check_importable(kb)  # the same checkout, importable: no error
+
+
 @pytest.mark.parametrize("arch, expected", [("9.0", "9.0"), ("8.9;9.0", "8.9;9.0")])
 def test_harness_numeric_arch_sets_the_torch_list(arch, expected, monkeypatch):
     # setenv, not delenv: delenv of an absent variable records nothing, and set_arch's value would outlive the test
