@@ -97,6 +97,11 @@ def synthetic_tables(
             "completion_tokens": tokens + 600,
             "finish_reason": "stop",
             "seed": 0,
+            "reasoning_source": "tags",
+            "code_source": "answer",
+            "truncated": False,
+            "truncation": "",
+            "tokenizer": "synthetic",
         }
     )
     ref_ms = np.exp(rng.normal(0.0, 1.0, size=n))

@@ -12,7 +12,8 @@ rule synthesize:
         tasks=results("tasks", "train.parquet"),
         generations=replay_file,
     output:
-        results("candidates", "{generator}", "shard-{shard}.parquet"),
+        candidates=results("candidates", "{generator}", "shard-{shard}.parquet"),
+        report=results("candidates", "{generator}", "shard-{shard}.report.csv"),
     params:
         settings=config["synthesize"],
         generator=lambda wc: concur_workflow.generator_params(config, wc.generator),  # a moved server reruns nothing

@@ -11,5 +11,5 @@ with logging_to(snakemake.log[0]):
         model_specs=snakemake.params.models,
         settings=snakemake.params.settings,
         language=snakemake.params.language,
-        out_path=snakemake.output[0],
+        out_path=snakemake.output.candidates,
     )

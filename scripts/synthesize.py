@@ -8,5 +8,5 @@ with logging_to(snakemake.log[0]):
         n_shards=snakemake.params.shards,
         generator_name=snakemake.wildcards.generator,
         config=snakemake.config,
-        out_path=snakemake.output[0],
+        out_path=snakemake.output.candidates,
     )

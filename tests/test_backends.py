@@ -555,6 +555,9 @@ class FakeVLLM:
             def __init__(self, **kwargs):
                 fake.engine = kwargs
 
+            def get_tokenizer(self):  # counts characters: the engine's own tokenizer, as far as a test needs
+                return lambda text, add_special_tokens=False: {"input_ids": list(text)}
+
             def chat(self, messages, sampling_params=None, use_tqdm=True, lora_request=None):
                 fake.chats.append((messages, sampling_params, lora_request))
                 if fake.fail_on_call == len(fake.chats):
@@ -641,6 +644,8 @@ def test_vllm_engine_sampling_and_lora(fake_vllm, tmp_path):
     first = frame[frame["task_id"] == "t/a"]
     assert list(first["sample_idx"]) == [0, 1, 2] and list(first["reasoning"]) == ["r0", "r1", "r2"]
     assert list(first["answer"]) == ["code 0", "code 1", "code 2"]
+    assert list(first["reasoning_tokens"]) == [2, 2, 2]  # "r0": the engine's tokenizer (characters here) counted
+    assert set(first["tokenizer"]) == {"m (org/model)"}
     assert list(first["completion_tokens"]) == [2, 3, 4] and list(first["finish_reason"]) == [
         "stop",
         "length",

@@ -11,7 +11,8 @@ def candidates_frame(rows: list[tuple[str, str, str]]) -> pd.DataFrame:
         [
             {"candidate_id": cid, "task_id": tid, "sample_idx": i, "generator": "test", "backend": "replay",
              "prompt": "", "response": "", "reasoning": "", "answer": "", "code": code, "reasoning_tokens": 0,
-             "completion_tokens": 0, "finish_reason": "replay", "seed": 0}
+             "completion_tokens": 0, "finish_reason": "replay", "seed": 0, "reasoning_source": "none",
+             "code_source": "answer" if code else "", "truncated": False, "truncation": "", "tokenizer": ""}
             for i, (cid, tid, code) in enumerate(rows)
         ]
     ), contracts.CANDIDATES)  # fmt: skip

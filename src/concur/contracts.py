@@ -33,7 +33,17 @@ CANDIDATES = {
     "completion_tokens": "int",
     "finish_reason": "str",
     "seed": "int",
+    "reasoning_source": "str",
+    "code_source": "str",
+    "truncated": "bool",
+    "truncation": "str",
+    "tokenizer": "str",
 }
+
+# how the reasoning was told from the answer (candidates' `reasoning_source`; docs/data.md, "Reading a response")
+REASONING_SOURCES = ("field", "tags", "close_tag", "open_tag", "inferred", "none")
+CODE_SOURCES = ("answer", "reasoning", "")
+TRUNCATIONS = ("reported", "detected", "")
 
 VERDICTS = {
     "candidate_id": "str",

@@ -39,6 +39,13 @@ def resolve_path(spec: dict) -> str:
 
 def load_tokenizer(spec: dict):
     """The spec's tokenizer, with a pad token (eos when it has none). Cached per spec: do not mutate it lightly."""
+    tokenizer = _cached_tokenizer(_tokenizer_key(spec))
+    return ensure_pad_token(tokenizer, str(_tokenizer_key(spec)[0]))
+
+
+def load_counting_tokenizer(spec: dict):
+    """The spec's tokenizer as it is, for counting tokens only: `path` may be a folder holding nothing but tokenizer
+    files (`tokenizer.json`, with or without `tokenizer_config.json`), and no pad or eos token is needed."""
     return _cached_tokenizer(_tokenizer_key(spec))
 
 
@@ -206,7 +213,7 @@ def _cached_tokenizer(key: tuple):
         tokenizer = AutoTokenizer.from_pretrained(source, **_source_kwargs(source, gguf_file, revision))
         if cached:
             _store(cached, tokenizer.save_pretrained)
-    return ensure_pad_token(tokenizer, source)
+    return tokenizer
 
 
 def ensure_pad_token(tokenizer, source: str = "tokenizer"):

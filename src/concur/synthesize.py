@@ -9,17 +9,18 @@ output is written.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
 from collections.abc import Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from . import contracts
-from .backends import PROMPT_TOO_LONG, Generation, Request, make_backend
+from .backends import PROMPT_TOO_LONG, Generation, Request, Skipped, make_backend
 from .extract import extract
 from .prompts import build_prompt
 from .workflow import drawn_with
@@ -30,18 +31,108 @@ log = logging.getLogger(__name__)
 SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "seed")
 
 
+# finish reasons that say the generation hit its token cap, and those that say the model ended on its own
+CUT_FINISH = frozenset({"length", "max_tokens", "max_output_tokens"})
+ENDED_FINISH = frozenset({"stop", "eos", "end_turn", "stop_sequence"})
+REPORT_COLUMNS = ("kind", "task_id", "sample_idx", "detail")
+
+
+@dataclass(frozen=True)
+class Counter:
+    """What counts tokens: a `models` entry's tokenizer (`tokenizer` None: the backend's own counts) and the label
+    the candidates' `tokenizer` column carries (", not the generator's" when it is not declared the generator's)."""
+
+    label: str
+    tokenizer: object = None
+    engine_counts: bool = False  # the backend's own completion counts are exact (vllm's token ids): keep them
+
+
+@dataclass
+class Synthesized:
+    candidates: pd.DataFrame
+    report: list[Skipped] = field(default_factory=list)
+
+
 def candidate_id(generator: str, task_id: str, sample_idx: int) -> str:
     return hashlib.sha256(f"{generator}\x1f{task_id}\x1f{sample_idx}".encode()).hexdigest()[:16]
 
 
+def cap_margin(cap: int) -> int:
+    """How close to a cap a completion ends when the cap cut it: 0.5% of it, at least 16 tokens (a cut lands
+    mid-token in the text that is kept, and a count of the text may differ from the server's by a few tokens)."""
+    return max(16, cap // 200)
+
+
+def cap_reached(tokens: int, cap: int | None) -> bool:
+    return bool(cap) and tokens >= cap - cap_margin(cap)
+
+
+def inferred_cap(lengths: Iterable[int]) -> int | None:
+    """The token cap a set of completions was cut at, read off the lengths themselves (for files that record no
+    finish reason): a cap piles completions up just below it. A window of one cap margin below some length counts
+    as such a pile when it holds at least 5% of the completions (and at least 10), at least five times one more
+    than the window of the same width just below it, and lies at 256 tokens or more; completions that ended on
+    their own spread far wider (tests/test_synthesize.py measures how rarely such a pile appears by chance). The
+    fullest pile wins; the cap is the lowest top whose window holds 99% of it. None when there
+    is no pile.
+    """
+    values = sorted(v for v in lengths if v > 0)
+    need = max(10, -(-5 * len(values) // 100))
+    piles = {}
+    for value in set(values):
+        margin = cap_margin(value)
+        pile = bisect.bisect_right(values, value) - bisect.bisect_left(values, value - margin)
+        below = bisect.bisect_left(values, value - margin) - bisect.bisect_left(values, value - 2 * margin)
+        if value >= 256 and pile >= need and pile >= 5 * (below + 1):
+            piles[value] = pile
+    if not piles:
+        return None
+    fullest = max(piles.values())  # the lowest top that holds (nearly) all of the fullest pile: the tightest window
+    return min(value for value, pile in piles.items() if pile >= 0.99 * fullest)
+
+
+def in_pile(tokens: int, cap: int | None) -> bool:
+    """Within one cap margin below an inferred cap, or a few tokens over it (a text counted again may read a token
+    or two more than the server counted); further above lie completions the cap did not bound."""
+    return bool(cap) and cap - cap_margin(cap) <= tokens <= cap + 4
+
+
 def to_candidates(
-    generations: Iterable[Generation], prompts: dict[str, str], generator: str, backend: str, tokenizer
+    generations: Iterable[Generation],
+    prompts: dict[str, str],
+    generator: str,
+    backend: str,
+    counter: Counter | None = None,
+    cap: int | None = None,
 ) -> pd.DataFrame:
-    """Extract reasoning/answer/code and count tokens; one row per generation, in contracts.CANDIDATES."""
+    """Extract reasoning/answer/code, count tokens, tell truncation; one row per generation (contracts.CANDIDATES).
+
+    Truncation (`truncated`, `truncation`): `reported` when the finish reason says the cap cut it; else, unless the
+    finish reason says the model ended, `detected` when the text ends inside its reasoning or a code fence, or its
+    completion ends within a cap margin of `cap` (a replay file's `max_new_tokens`) or of the cap the lengths
+    themselves show (`inferred_cap`); its finish_reason then reads `length`."""
+    counter = counter or Counter("")
+    tokenizer = counter.tokenizer
+    generations = list(generations)
+    completions = [
+        _count(tokenizer, g.response if g.reasoning is None else g.reasoning + g.response)
+        if tokenizer is not None and not (counter.engine_counts and g.completion_tokens is not None)
+        else int(g.completion_tokens or 0)
+        for g in generations
+    ]
+    open_ended = [g.finish_reason not in CUT_FINISH | ENDED_FINISH for g in generations]
+    seen_cap = inferred_cap(c for c, o in zip(completions, open_ended) if o)
+    if seen_cap and seen_cap != cap:
+        log.warning(
+            "%s: completions without a finish reason pile up at %d tokens: taken for a cap", generator, seen_cap
+        )
     rows = []
-    for gen in generations:
-        parts = extract(gen.response, gen.reasoning)
-        full = gen.response if gen.reasoning is None else gen.reasoning + gen.response
+    for gen, completion, open_end in zip(generations, completions, open_ended):
+        reported = gen.finish_reason in CUT_FINISH
+        at_cap = open_end and (cap_reached(completion, cap) or in_pile(completion, seen_cap))
+        parts = extract(gen.response, gen.reasoning, cut=reported or at_cap)
+        detected = open_end and (at_cap or parts.unclosed)
+        truncation = "reported" if reported else "detected" if detected else ""
         rows.append(
             {
                 "candidate_id": candidate_id(generator, gen.task_id, gen.sample_idx),
@@ -49,7 +140,7 @@ def to_candidates(
                 "sample_idx": gen.sample_idx,
                 "generator": generator,
                 "backend": backend,
-                "prompt": prompts[gen.task_id],
+                "prompt": gen.prompt or prompts[gen.task_id],
                 "response": gen.response,
                 "reasoning": parts.reasoning,
                 "answer": parts.answer,
@@ -57,11 +148,14 @@ def to_candidates(
                 "reasoning_tokens": (
                     _count(tokenizer, parts.reasoning) if tokenizer is not None else int(gen.reasoning_tokens or 0)
                 ),
-                "completion_tokens": (
-                    _count(tokenizer, full) if tokenizer is not None else int(gen.completion_tokens or 0)
-                ),
-                "finish_reason": gen.finish_reason,
+                "completion_tokens": completion,
+                "finish_reason": "length" if detected else gen.finish_reason,
                 "seed": gen.seed,
+                "reasoning_source": parts.reasoning_source,
+                "code_source": parts.code_source,
+                "truncated": bool(truncation),
+                "truncation": truncation,
+                "tokenizer": counter.label,
             }
         )
     frame = pd.DataFrame(rows, columns=list(contracts.CANDIDATES))
@@ -74,6 +168,23 @@ def to_candidates(
 
 def _count(tokenizer, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
+
+
+def noted(frame: pd.DataFrame) -> list[Skipped]:
+    """The kept samples a reader should know about: empty responses, truncated ones, ones without a program."""
+    out = []
+    for row in frame.itertuples():
+        if row.finish_reason == PROMPT_TOO_LONG:
+            out.append(Skipped("prompt_too_long", row.task_id, row.sample_idx, "the server refused the prompt"))
+            continue
+        if not row.response.strip() and not row.reasoning.strip():
+            out.append(Skipped("empty", row.task_id, row.sample_idx, f"finish_reason {row.finish_reason}"))
+            continue
+        if row.truncated:
+            out.append(Skipped("truncated", row.task_id, row.sample_idx, f"{row.truncation}"))
+        if not row.code:
+            out.append(Skipped("no_code", row.task_id, row.sample_idx, f"reasoning: {row.reasoning_source}"))
+    return out
 
 
 def checkpoint_path(out_path: str | Path) -> Path:
@@ -169,28 +280,114 @@ def generate_candidates(
     samples: int,
     adapter: str | Path | None = None,
     checkpoint: str | Path | None = None,
+    all_task_ids: Iterable[str] | None = None,
 ) -> pd.DataFrame:
-    """Prompts for `tasks`, generations from the generator, candidates out. With `checkpoint`, every finished
-    sample is appended to that JSONL and samples already in it are not generated again."""
-    from .models import load_tokenizer
+    """The candidates of `synthesize` (below), without its report."""
+    return synthesize(
+        tasks, generator_name, generator, model_specs, settings, language, samples, adapter, checkpoint, all_task_ids
+    ).candidates
 
+
+def synthesize(
+    tasks: pd.DataFrame,
+    generator_name: str,
+    generator: dict,
+    model_specs: dict,
+    settings: dict,
+    language: str,
+    samples: int,
+    adapter: str | Path | None = None,
+    checkpoint: str | Path | None = None,
+    all_task_ids: Iterable[str] | None = None,
+) -> Synthesized:
+    """Prompts for `tasks`, generations from the generator, candidates and their report out. With `checkpoint`,
+    every finished sample is appended to that JSONL and samples already in it are not generated again. Rows a
+    replay file holds for a task outside `all_task_ids` are reported as `no_task` (with None: not reported, as in
+    every shard but the first, so that each is reported once)."""
     prompts = {row.task_id: build_prompt(row.code, language) for row in tasks.itertuples()}
     requests = [Request(task_id, prompt) for task_id, prompt in prompts.items()]
     backend = make_backend(generator, model_specs, settings, adapter)
-    token_name = counting_tokenizer(generator)
-    tokenizer = load_tokenizer(model_specs[token_name]) if token_name else None
+    counter = make_counter(generator_name, generator, model_specs, backend)
     fingerprint = checkpoint_fingerprint(generator, settings, samples, language, adapter)
     generations = generate_resumable(backend, requests, samples, Path(checkpoint) if checkpoint else None, fingerprint)
     log.info("%s: %d generations for %d tasks", generator_name, len(generations), len(requests))
-    return to_candidates(generations, prompts, generator_name, backend.name, tokenizer)
+    cap = generator.get("max_new_tokens") if generator["backend"] == "replay" else settings.get("max_new_tokens")
+    frame = to_candidates(generations, prompts, generator_name, backend.name, counter, cap)
+    if counter.tokenizer is None and ((frame["reasoning"] != "") & (frame["reasoning_tokens"] == 0)).any():
+        log.warning("%s: the server counts no reasoning tokens; set the generator's `tokenizer`", generator_name)
+    known = None if all_task_ids is None else set(all_task_ids)
+    dropped = [
+        Skipped("no_task", s.task_id, s.sample_idx, s.detail) if s.kind == "other_task" else s
+        for s in getattr(backend, "skipped", [])
+        if s.kind != "other_task" or (known is not None and s.task_id not in known)
+    ]
+    return Synthesized(frame, dropped + noted(frame))
 
 
 def counting_tokenizer(generator: dict) -> str | None:
-    """The `models` entry whose tokenizer counts tokens: replay's (required), openai's and vllm's (optional),
-    transformers' own model."""
-    if generator["backend"] == "transformers":
-        return generator["model"]
+    """The `models` entry named as the generator's `tokenizer` (required for replay); None: the backend counts with
+    its own model's tokenizer (transformers, vllm) or the server's usage (openai)."""
     return generator.get("tokenizer")
+
+
+def owns_tokenizer(generator: dict, name: str, model_specs: dict) -> bool:
+    """Whether the `models` entry `name` holds the generator's own tokenizer: it is the generator's `model` entry,
+    or loads from the same place, or (for a `model` that is a name, as openai's and replay's) its folder or hub id
+    ends in that name (`/models/QwQ-32B` for `Qwen/QwQ-32B`)."""
+    model = generator.get("model")
+    if not model:
+        return False
+    if model == name:
+        return True
+
+    def places(spec: dict) -> set[str]:
+        return {p.rstrip("/") for p in (spec.get("path"), spec.get("tokenizer")) if isinstance(p, str) and p}
+
+    mine = places(model_specs.get(name, {}))
+    if model in model_specs:
+        return bool(mine & places(model_specs[model]))
+    return model.rsplit("/", 1)[-1].lower() in {p.rsplit("/", 1)[-1].lower() for p in mine}
+
+
+def make_counter(generator_name: str, generator: dict, model_specs: dict, backend=None) -> Counter:
+    """The tokenizer that counts this generator's tokens, and its label; a warning when it is not the generator's
+    own (lengths are then not in the generator's tokens, and the paper's thresholds do not apply as they are)."""
+    from .models import load_counting_tokenizer
+
+    name = counting_tokenizer(generator)
+    if name is None:
+        own = getattr(backend, "own_tokenizer", None)
+        if own is None:
+            return Counter("server")
+        spec = model_specs.get(generator.get("model"), {})
+        label = f"{generator.get('model')} ({spec.get('tokenizer') or spec.get('path')})"
+        return Counter(label, own(), engine_counts=True)
+    spec = model_specs[name]
+    label = f"{name} ({spec.get('tokenizer') or spec.get('path')})"
+    if not owns_tokenizer(generator, name, model_specs):
+        label += ", not the generator's"
+        log.warning(
+            "%s: tokens are counted with %s, which is not declared the tokenizer of the generator's model %r "
+            "(docs/data.md §3, whose tokens)",
+            generator_name,
+            name,
+            generator.get("model"),
+        )
+    return Counter(label, load_counting_tokenizer(spec))
+
+
+def report_path(out_path: str | Path) -> Path:
+    """`shard-0.parquet` -> `shard-0.report.csv`: the samples synthesis dropped or a reader should know about."""
+    return Path(str(out_path).removesuffix(".parquet") + ".report.csv")
+
+
+def write_report(report: list[Skipped], out_path: str | Path, what: str) -> None:
+    from .io import write_csv
+
+    frame = pd.DataFrame([asdict(r) for r in report], columns=list(REPORT_COLUMNS))
+    write_csv(frame, report_path(out_path))
+    counts = frame["kind"].value_counts().to_dict()
+    log.info("%s: report %s: %s", what, report_path(out_path).name, counts or "nothing to report")
 
 
 def write_candidates(frame: pd.DataFrame, out_path: str | Path) -> None:
@@ -202,13 +399,13 @@ def write_candidates(frame: pd.DataFrame, out_path: str | Path) -> None:
 
 
 def run(tasks_path: str, shard: int, n_shards: int, generator_name: str, config: dict, out_path: str) -> None:
-    """The synthesize stage for one shard of the training tasks."""
+    """The synthesize stage for one shard of the training tasks: candidates and their report."""
     from .tasks import select_shard
 
     settings = config["synthesize"]
-    tasks = select_shard(pd.read_parquet(tasks_path), shard, n_shards)
-    frame = generate_candidates(
-        tasks,
+    all_tasks = pd.read_parquet(tasks_path)
+    made = synthesize(
+        select_shard(all_tasks, shard, n_shards),
         generator_name,
         config["generators"][generator_name],
         config["models"],
@@ -216,8 +413,10 @@ def run(tasks_path: str, shard: int, n_shards: int, generator_name: str, config:
         settings["language"],
         settings["samples_per_task"],
         checkpoint=checkpoint_path(out_path),
+        all_task_ids=all_tasks["task_id"] if shard == 0 else None,
     )
-    write_candidates(frame, out_path)
+    write_report(made.report, out_path, f"{generator_name} shard {shard}")
+    write_candidates(made.candidates, out_path)
 
 
 def run_eval_generation(
@@ -234,8 +433,9 @@ def run_eval_generation(
     """The eval_generate stage for one evaluated model: the base generator, the base generator with a trained
     adapter, or a baseline generator, answering every eval task `samples` times (resumable like synthesis)."""
     label = generator_name if adapter_dir is None else f"{generator_name}+{model_name}"
-    frame = generate_candidates(
-        pd.read_parquet(tasks_path),
+    tasks = pd.read_parquet(tasks_path)
+    made = synthesize(
+        tasks,
         label,
         generator,
         model_specs,
@@ -244,5 +444,7 @@ def run_eval_generation(
         settings["samples"],
         adapter=adapter_dir,
         checkpoint=checkpoint_path(out_path),
+        all_task_ids=tasks["task_id"],
     )
-    write_candidates(frame, out_path)
+    write_report(made.report, out_path, label)
+    write_candidates(made.candidates, out_path)

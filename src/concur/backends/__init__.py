@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import NOTHING, PROMPT_TOO_LONG, Backend, Generation, Request, chat, missing_samples
+from .base import NOTHING, PROMPT_TOO_LONG, Backend, Generation, Request, Skipped, chat, missing_samples
 from .endpoint import OpenAIBackend, api_key, parse_choices, usage_counts
 from .local import TransformersBackend, VLLMBackend, completions, engine_kwargs
 from .replay import ReplayBackend
@@ -28,6 +28,7 @@ __all__ = [
     "ReplayBackend",
     "Request",
     "ServerError",
+    "Skipped",
     "StreamError",
     "TransformersBackend",
     "VLLMBackend",

@@ -30,6 +30,18 @@ class Generation:
     reasoning: str | None = None  # a backend's separate reasoning field, when it has one
     completion_tokens: int | None = None  # the backend's own count, used when no tokenizer is configured
     reasoning_tokens: int | None = None  # the server's count of reasoning tokens (openai usage), the same way
+    prompt: str | None = None  # the prompt the model saw, when it differs from ours (replay: the file's)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A generation a backend read but did not yield (replay: a row for no task of this job, a row past
+    `samples_per_task`, a second row for the same sample); synthesis reports them (docs/data.md §3)."""
+
+    kind: str  # other_task | past_samples | duplicate
+    task_id: str
+    sample_idx: int
+    detail: str
 
 
 class Backend(Protocol):

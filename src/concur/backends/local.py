@@ -35,6 +35,10 @@ class TransformersBackend:
             self.model = PeftModel.from_pretrained(self.model, str(adapter)).merge_and_unload()
         self.model.eval()
 
+    def own_tokenizer(self):
+        """The model's tokenizer, for counting tokens."""
+        return self.tokenizer
+
     def generate(
         self, requests: list[Request], samples: int, skip: Collection[tuple[str, int]] = NOTHING
     ) -> Iterator[Generation]:
@@ -155,6 +159,10 @@ class VLLMBackend:
                 raise RuntimeError(f"vllm returned {len(outputs)} outputs for {len(chunk)} prompts")
             for req, out in zip(chunk, outputs):
                 yield from completions(req, out, seed)
+
+    def own_tokenizer(self):
+        """The engine's tokenizer (the model's own), for counting tokens."""
+        return self.llm.get_tokenizer()
 
     def _lora_request(self):
         if not self.adapter:
