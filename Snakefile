@@ -38,7 +38,15 @@ include: "rules/synthesize.smk"
 include: "rules/verify.smk"
 include: "rules/curate.smk"
 include: "rules/train.smk"
-include: "rules/evaluate.smk"
+if EVALUATES:
+
+    include: "rules/evaluate.smk"
+
+else:
+
+    include: "rules/no_evaluate.smk"
+
+
 include: "rules/analyze.smk"
 
 

@@ -17,7 +17,7 @@ rule analyze:
         candidates=shard_files("candidates"),
         verified=shard_files("verified"),
         tasks=results("tasks", "train.parquet"),
-        scores=results("eval", "scores.csv"),
+        scores=scores_file,
     output:
         summary=results("analysis", "summary.json"),
         figures=[

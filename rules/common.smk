@@ -5,6 +5,7 @@ SHARDS = list(range(config["tasks"]["shards"]))
 TEACHER = config["synthesize"]["generator"]
 ADAPTERS = config["train"]["adapters"]
 BASELINES = config["evaluate"]["baselines"]
+EVALUATES = concur_workflow.evaluates(config)  # false without evaluate.base_generator: no eval job is planned
 EVAL_MODELS = concur_workflow.eval_models(config)
 DIFFICULTY_MODEL = config["evaluate"]["difficulty_model"]
 
@@ -13,7 +14,7 @@ wildcard_constraints:
     shard=r"\d+",
     generator="|".join(map(re.escape, config["generators"])),
     adapter="|".join(ADAPTERS) or "(?!)",
-    model="|".join(map(re.escape, EVAL_MODELS)),
+    model="|".join(map(re.escape, EVAL_MODELS)) or "(?!)",
 
 
 def results(*parts):
@@ -100,11 +101,17 @@ def model_job_resources(gpus, mem_mb, runtime):
 
 
 def final_targets():
+    """The default target: the dataset, every adapter, the evaluation (when the config evaluates) and the analysis."""
+    evaluation = [results("eval", "scores.csv"), results("eval", "table.md")] if EVALUATES else []
     return [
         results("dataset", "concur.parquet"),
         results("dataset", "card.md"),
         *[results("adapters", name) for name in ADAPTERS],
-        results("eval", "scores.csv"),
-        results("eval", "table.md"),
+        *evaluation,
         results("analysis", "summary.json"),
     ]
+
+
+def scores_file(wildcards):
+    """The analysis's evaluation scores: eval/scores.csv when the config evaluates, else none (placeholders)."""
+    return [results("eval", "scores.csv")] if EVALUATES else []

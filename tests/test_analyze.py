@@ -116,14 +116,19 @@ def test_length_stats_by_correctness(result):
     assert (bad["count"], bad["mean"], bad["median"], bad["q1"], bad["q3"]) == (3, 240.0, 220.0, 200.0, 270.0)
 
 
-def test_pearson_matches_numpy(result):
+def test_speedup_fit_is_on_log_speedup(result):
     summary, _ = result
-    x, y = [50, 120, 250, 390, 200], [1.0, 2.0, 4.0, 5.0, 1.5]
+    x, y = [50, 120, 250, 390, 200], np.log([1.0, 2.0, 4.0, 5.0, 1.5])
     fit = summary["speedup_vs_length"]
     assert fit["n"] == 5
-    assert fit["r"] == pytest.approx(np.corrcoef(x, y)[0, 1])
+    assert fit["r"] == pytest.approx(np.corrcoef(x, y)[0, 1])  # Pearson of length and ln(speedup)
     assert fit["r2"] == pytest.approx(np.corrcoef(x, y)[0, 1] ** 2)
     assert 0 < fit["p"] < 1
+    slope, intercept = np.polyfit(x, y, 1)
+    assert (fit["slope"], fit["intercept"]) == pytest.approx((slope, intercept))
+    assert fit["factor_per_1k_tokens"] == pytest.approx(math.exp(1000 * slope))
+    assert (fit["x_min"], fit["x_max"]) == (50.0, 390.0)
+    assert "ln(speedup)" in fit["fit"] and "Pearson" in fit["fit"]
 
 
 def test_within_task_correlation(result):
@@ -259,9 +264,33 @@ def test_figure_speedup_vs_length(drawn):
     fit = summary["speedup_vs_length"]
     texts = legend_texts(ax)
     assert texts[0] == "correct candidates (n = 5)"
-    assert texts[1] == f"least-squares fit: r = {fit['r']:.2f}, p = {fit['p']:.2g}, R² = {fit['r2']:.2f}"
+    assert texts[1] == (
+        f"fit of ln speedup: r = {fit['r']:.2f}, p = {fit['p']:.2g}, R² = {fit['r2']:.2f}; "
+        f"×{fit['factor_per_1k_tokens']:.3g} per 1,000 tokens"
+    )
     assert len(ax.collections[0].get_offsets()) == fit["n"] == 5
     assert "tokens" in ax.get_xlabel() and "×" in ax.get_ylabel()
+    assert ax.get_yscale() == "log"
+    curve = next(line for line in ax.lines if line.get_label().startswith("fit of ln speedup"))
+    xs, ys = curve.get_xdata(), curve.get_ydata()
+    assert (xs.min(), xs.max()) == (fit["x_min"], fit["x_max"])  # drawn over the data only
+    assert np.log(ys) == pytest.approx(fit["intercept"] + fit["slope"] * xs)  # straight on the log axis
+    assert "log axis" in summary["figures"]["speedup_vs_length.png"]
+
+
+def test_speedup_fit_stays_on_the_log_axis_where_a_straight_line_would_plunge(tmp_path):
+    # speedups falling by halves: a straight least-squares line in linear space goes below 0 (off a log axis)
+    # by the longest point; the fit of ln(speedup) is exact and passes through every point
+    rows = [(f"x{i}", "p/a", 1000 * (i + 1), True, 8.0 / 2**i) for i in range(6)]
+    figures = {}
+    summary = analyze(*tables(rows), None, SETTINGS, tmp_path, figures)
+    fit = summary["speedup_vs_length"]
+    assert fit["r"] == pytest.approx(-1.0) and fit["factor_per_1k_tokens"] == pytest.approx(0.5)
+    slope, intercept = np.polyfit([1000 * (i + 1) for i in range(6)], [8.0 / 2**i for i in range(6)], 1)
+    assert slope * 6000 + intercept < 0  # what the old straight line drew
+    (ax,) = figures["speedup_vs_length.png"].axes
+    curve = next(line for line in ax.lines if line.get_label().startswith("fit of ln speedup"))
+    assert curve.get_ydata().min() == pytest.approx(0.25) and curve.get_ydata().max() == pytest.approx(8.0)
 
 
 def test_figure_arl_per_task(drawn):
@@ -359,3 +388,153 @@ def test_json_safe():
 def test_bad_settings(tmp_path):
     with pytest.raises(ValueError, match="easy_below"):
         analyze(*tables(), None, {"bin_width": 100, "easy_below": 500, "hard_above": 300}, tmp_path)
+
+
+# ---------------------------------------------------------------- sparse bins are not drawn as certain
+
+
+def test_bins_carry_wilson_intervals(result):
+    summary, _ = result
+    for b in summary["accuracy_by_length"]:  # hand-checked: 1 of 1 -> [0.2065, 1]
+        k, n = b["n_correct"], b["count"]
+        p, z = k / n, 1.959963984540054
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        assert (b["ci_low"], b["ci_high"]) == pytest.approx((max(0, centre - half), min(1, centre + half)))
+    assert summary["accuracy_by_length"][0]["ci_low"] == pytest.approx(0.2065, abs=1e-4)
+
+
+def test_sparse_bins_are_hollow_with_whiskers(drawn):
+    summary, _, figures = drawn
+    ax, _ = figures["accuracy_by_length.png"].axes
+    bins = summary["accuracy_by_length"]
+    assert summary["min_bin_count"] == 10 and all(b["count"] < 10 for b in bins)
+    assert all(p.get_facecolor()[3] == 0 for p in ax.patches[: len(bins)])  # every bin here is sparse: hollow
+    (whiskers,) = [c for c in ax.containers if c.__class__.__name__ == "ErrorbarContainer"]
+    segments = whiskers.lines[2][0].get_segments()
+    drawn_ends = [end for s in segments for end in (s[0][1], s[1][1])]
+    assert drawn_ends == pytest.approx([end for b in bins for end in (b["ci_low"], b["ci_high"])])
+    assert legend_texts(ax)[1:] == [
+        "95% Wilson interval",
+        "candidates per bin (right axis; 4 bins)",
+        "hollow: fewer than 10 candidates",
+    ]
+
+
+def test_full_bins_are_filled(tmp_path):
+    rows = [(f"x{i}", "p/a", 10 + i, i % 2 == 0, 1.0) for i in range(12)]
+    figures = {}
+    summary = analyze(*tables(rows), None, SETTINGS, tmp_path, figures)
+    ax, _ = figures["accuracy_by_length.png"].axes
+    assert summary["accuracy_by_length"][0]["count"] == 12 and ax.patches[0].get_facecolor()[3] == 1
+    assert "hollow: fewer than 10 candidates" not in legend_texts(ax)
+
+
+# ---------------------------------------------------------------- what is analysed (concur.screening)
+
+
+def screened_tables():
+    """ROWS plus one candidate of each kind the analysis leaves out or counts differently."""
+    extra = [
+        ("t1", "p/a", 900, True, 9.0),  # truncated (reported)
+        ("t2", "p/b", 950, False, 0.0),  # truncated (detected)
+        ("n1", "p/c", 0, True, 3.0),  # no reasoning, from a reasoning generator
+        ("u1", "p/c", 210, True, 2.0),  # untrusted verdict
+        ("k1", "p/a", 60, True, 1.2),  # a 'correct' verdict on a candidate without code
+    ]
+    cands, verdicts, tasks = tables(ROWS + extra)
+    cands["truncated"] = cands["candidate_id"].isin(["t1", "t2"])
+    cands["truncation"] = cands["candidate_id"].map({"t1": "reported", "t2": "detected"}).fillna("")
+    cands["reasoning"] = np.where(cands["candidate_id"] == "n1", "", "r")
+    cands["reasoning_source"] = np.where(cands["candidate_id"] == "n1", "none", "tags")
+    cands["code"] = np.where(cands["candidate_id"] == "k1", "", "c")
+    cands["code_source"] = np.where(cands["candidate_id"] == "k1", "", "answer")
+    cands["tokenizer"] = "qwq (/models/qwq-tokenizer)"
+    verdicts["trusted"] = verdicts["candidate_id"] != "u1"
+    verdicts["flags"] = ""
+    return cands, verdicts, tasks
+
+
+def test_left_out_rows_are_counted(tmp_path):
+    summary = analyze(*screened_tables(), None, SETTINGS, tmp_path)
+    screened = summary["screening"]
+    assert screened["candidates"] == 13
+    assert screened["left_out"] == {"truncated": 2, "no_reasoning": 1, "untrusted": 1}
+    assert screened["truncated"] == {"total": 2, "reported": 1, "detected": 1, "included": False}
+    # k1 is analysed as an incorrect sample: 8 + k1 analysed, 5 correct (its verdict's 'correct' does not count)
+    assert (summary["n_candidates"], summary["n_correct"]) == (9, 5)
+    assert (screened["no_code"], screened["correct_verdict_without_code"]) == (1, 1)
+    assert screened["reasoning_generators"] == ["gen"]
+    assert screened["tokenizers"] == {"gen": ["qwq (/models/qwq-tokenizer)"]}
+    assert sum(b["count"] for b in summary["accuracy_by_length"]) == 9
+    assert summary["speedup_vs_length"]["n"] == 5  # the left-out 9x (t1), 3x (n1), 2x (u1) are not in the fit
+    assert "2 truncated, 1 without reasoning, 1 with untrusted verdicts" in summary["figures"]["accuracy_by_length.png"]
+    json.dumps(summary, allow_nan=False)
+
+
+def test_include_truncated_puts_them_back(tmp_path):
+    summary = analyze(*screened_tables(), None, {**SETTINGS, "include_truncated": True}, tmp_path)
+    assert summary["screening"]["left_out"]["truncated"] == 0
+    assert summary["screening"]["truncated"] == {"total": 2, "reported": 1, "detected": 1, "included": True}
+    assert (summary["n_candidates"], summary["n_correct"]) == (11, 6)
+    assert summary["accuracy_by_length"][-1]["lo"] == 900
+
+
+def test_a_generator_without_reasoning_keeps_its_rows(tmp_path):
+    cands, verdicts, tasks = tables()
+    cands["reasoning"] = ""  # no candidate of the generator has reasoning: lengths are 0, but nothing is left out
+    cands["reasoning_tokens"] = 0
+    summary = analyze(cands, verdicts, tasks, None, SETTINGS, tmp_path)
+    assert summary["screening"]["left_out"]["no_reasoning"] == 0 and summary["n_candidates"] == 8
+    assert summary["screening"]["reasoning_generators"] == []
+
+
+def test_old_candidate_files_read_as_before(result):
+    # tables() has none of reasoning_source, code_source, truncated, truncation, tokenizer, trusted, flags
+    summary, _ = result
+    assert summary["screening"]["left_out"] == {"truncated": 0, "no_reasoning": 0, "untrusted": 0}
+    assert summary["screening"]["tokenizers"] == {"gen": [""]}
+    assert (summary["n_candidates"], summary["n_correct"]) == (8, 5)
+
+
+def test_curation_and_analysis_count_the_same_correct_candidates(tmp_path):
+    from concur.curate import curate
+
+    cands, verdicts, tasks = screened_tables()
+    tasks = tasks.assign(split="train", suite="builtin", code="", n_ops=1, origin="test")
+    for include in (False, True):
+        summary = analyze(cands, verdicts, tasks, None, {**SETTINGS, "include_truncated": include}, tmp_path)
+        counts = curate(cands, verdicts, tasks, {"include_truncated": include}).counts
+        assert counts["correct"] == summary["n_correct"] and counts["kept"] == summary["n_candidates"]
+        assert counts["left_out"] == summary["screening"]["left_out"]
+
+
+def test_both_stages_call_the_one_correctness_rule(tmp_path, monkeypatch):
+    from concur import screening
+    from concur.curate import curate
+
+    cands, verdicts, tasks = screened_tables()
+    tasks = tasks.assign(split="train", suite="builtin", code="", n_ops=1, origin="test")
+    calls = []
+
+    def only_fast(frame):  # a stand-in rule: correct only above 3x
+        calls.append(len(frame))
+        return frame["correct"].astype(bool) & (frame["speedup"] > 3)
+
+    monkeypatch.setattr(screening, "counts_as_correct", only_fast)
+    summary = analyze(cands, verdicts, tasks, None, SETTINGS, tmp_path)
+    curated = curate(cands, verdicts, tasks, {})
+    assert summary["n_correct"] == curated.counts["correct"] == 2  # b1 4.0, b3 5.0
+    assert set(curated.subsets["speedup"]["candidate_id"]) <= {"b1", "b3"}
+    assert len(calls) == 3  # analysis: its rows and the ARL's (cut samples included); curation: its rows
+
+
+def test_arl_counts_cut_samples_at_their_length_whatever_include_truncated_says(tmp_path):
+    """A task whose samples all hit the cap is the hardest, not absent; the per-sample analyses leave them out."""
+    cands, verdicts, tasks = screened_tables()
+    cut = cands.assign(truncated=True, truncation="detected", reasoning_tokens=9000)
+    summary = analyze(cut, verdicts, tasks, None, SETTINGS, tmp_path)
+    assert summary["n_candidates"] == 0 and summary["screening"]["left_out"]["truncated"] == len(cands)
+    rows = summary["arl"]
+    assert {r["task_id"] for r in rows} == set(cands["task_id"])
+    assert all(r["arl"] == 9000 and r["difficulty"] == "Hard" and r["n_truncated"] == r["n"] for r in rows)

@@ -37,7 +37,7 @@ def test_paper_config_is_valid():
     evaluate = cfg["evaluate"]
     assert (evaluate["pass_k"], evaluate["samples"], evaluate["difficulty_model"]) == ([1, 10], 10, "base")
     assert evaluate["baselines"] == [] and 1 in evaluate["fast_p"]
-    assert cfg["analyze"] == {"bin_width": 512, "easy_below": 4000, "hard_above": 8500}
+    assert cfg["analyze"] == {"bin_width": 512, "easy_below": 4000, "hard_above": 8500, "include_truncated": False}
     assert (cfg["train"]["gpus"], cfg["train"]["distributed"], cfg["train"]["packing"]) == (8, "fsdp", True)
     assert cfg["train"]["max_length"] >= 16384
 
@@ -58,7 +58,7 @@ def test_evaluation_defaults(default):
     cfg = config.validate(trimmed)
     assert cfg["evaluate"]["baselines"] == [] and cfg["evaluate"]["difficulty_model"] == "base"
     assert cfg["evaluate"]["pass_k"] == [1, 10] and cfg["evaluate"]["samples"] == 10
-    assert cfg["analyze"] == {"bin_width": 512, "easy_below": 4000, "hard_above": 8500}
+    assert cfg["analyze"] == {"bin_width": 512, "easy_below": 4000, "hard_above": 8500, "include_truncated": False}
 
 
 def test_a_baseline_can_be_the_difficulty_model(default):
@@ -115,6 +115,42 @@ def test_bad_configs_fail_with_one_clear_line(default, mutate, message):
     assert "\n" not in str(err.value)
 
 
+# a run of replayed generations only: no model-backed generator, no evaluate section
+REPLAY_ONLY = {
+    "tasks": {"sources": [{"kind": "builtin", "path": "resources/suite"}]},
+    "models": {"qwq-tokenizer": {"path": "/models/qwq-tokenizer"}},
+    "generators": {"qwq": {"backend": "replay", "path": "qwq.jsonl", "tokenizer": "qwq-tokenizer"}},
+    "synthesize": {"generator": "qwq"},
+    "train": {"base_model": "qwq-tokenizer", "adapters": []},
+}
+
+
+def test_a_replay_only_config_needs_no_base_generator():
+    from concur import workflow
+
+    cfg = config.validate(REPLAY_ONLY)
+    assert cfg["evaluate"]["base_generator"] is None and cfg["evaluate"]["baselines"] == []
+    assert not workflow.evaluates(cfg) and workflow.eval_models(cfg) == []
+    # on top of config.yaml (as a --configfile is), `base_generator: null` turns its evaluation off
+    with_default = yaml.safe_load((ROOT / "config.yaml").read_text())
+    with_default["evaluate"]["base_generator"] = None
+    assert not workflow.evaluates(config.validate(with_default))
+    assert workflow.evaluates(config.validate(yaml.safe_load((ROOT / "config.yaml").read_text())))
+
+
+@pytest.mark.parametrize(
+    "evaluate, message",
+    [
+        ({"baselines": ["qwq"]}, "config: evaluate.baselines need evaluate.base_generator"),
+        ({"base_generator": "qwq"}, "evaluate.base_generator 'qwq' must name a model-backed generators entry"),
+    ],
+)
+def test_evaluation_without_a_model_backed_base_fails_with_one_line(evaluate, message):
+    with pytest.raises(config.ConfigError) as err:
+        config.validate({**REPLAY_ONLY, "evaluate": evaluate})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
 def test_unreadable_config_file(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("tasks: [unclosed")
@@ -156,7 +192,12 @@ def test_the_workflow_and_the_python_api_fill_the_same_defaults():
         validated["generators"]["offline"]["prompts_per_call"] == 512
         and "prompts_per_call" not in validated["generators"]["g"]
     )
-    assert config.defaults("analyze") == {"bin_width": 512, "easy_below": 4000, "hard_above": 8500}
+    assert config.defaults("analyze") == {
+        "bin_width": 512,
+        "easy_below": 4000,
+        "hard_above": 8500,
+        "include_truncated": False,
+    }
     assert config.with_defaults("curate", {"seed": 3, "extra": 1}) == {
         **config.defaults("curate"),
         "seed": 3,

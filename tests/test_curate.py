@@ -295,3 +295,101 @@ def test_vectorised_selection_matches_the_per_task_definition(selection):
         }
     )
     assert select_shortest_fastest(correct, selection) == reference_shortest_fastest(correct, selection)
+
+
+# ---------------------------------------------------------------- guarded inputs (concur.screening)
+
+
+def guarded_tables():
+    """ROWS, with a few candidates made unfit: each kind the curation must leave out, all 'correct' and fast
+    enough (speedup 9 > 5) that high_speedup and every ablation subset would take them."""
+    cands, verdicts, tasks = make_tables()
+    extra = make_tables(
+        [
+            ("x_trunc", "t/b", 5, True, 9.0),  # cut at the token cap
+            ("x_nocode", "t/b", 5, True, 9.0),  # a 'correct' verdict on an empty program
+            ("x_empty", "t/b", 5, True, 9.0),  # neither code nor reasoning (the issue's rows)
+            ("x_noreason", "t/b", 5, True, 9.0),  # code, but no reasoning, from a reasoning generator
+            ("x_untrusted", "t/b", 5, True, 9.0),  # verdict on a degenerate task
+            ("x_bf16", "t/b", 5, True, 9.0),  # reduced precision
+        ]
+    )
+    cands, verdicts = (
+        pd.concat([cands, extra[0]], ignore_index=True),
+        pd.concat([verdicts, extra[1]], ignore_index=True),
+    )
+    cid = cands["candidate_id"]
+    cands["truncated"] = cid == "x_trunc"
+    cands["truncation"] = np.where(cid == "x_trunc", "reported", "")
+    cands["code"] = np.where(cid.isin(["x_nocode", "x_empty"]), "", "code")
+    cands["code_source"] = np.where(cid.isin(["x_nocode", "x_empty"]), "", "answer")
+    cands["reasoning"] = np.where(cid.isin(["x_empty", "x_noreason"]), "", cands["reasoning"])
+    cands["reasoning_source"] = np.where(cid.isin(["x_empty", "x_noreason"]), "none", "tags")
+    cands["tokenizer"] = "qwq (/models/qwq-tokenizer)"
+    verdicts["trusted"] = verdicts["candidate_id"] != "x_untrusted"
+    verdicts["flags"] = np.where(verdicts["candidate_id"] == "x_bf16", "precision:bf16", "")
+    return cands, verdicts, tasks
+
+
+UNFIT = {"x_trunc", "x_nocode", "x_empty", "x_noreason", "x_untrusted", "x_bf16"}
+
+
+def test_unfit_rows_are_never_admitted_and_honest_rows_are_kept():
+    out = curate(*guarded_tables(), settings())
+    for name, table in {"dataset": out.dataset, **out.subsets}.items():
+        assert not set(table["candidate_id"]) & UNFIT, name
+        assert (table["code"].str.strip() != "").all() and (table["reasoning"].str.strip() != "").all(), name
+    # the honest rows give exactly what they give without the unfit ones
+    assert by_criterion(out.dataset) == {"shortest_fastest": ["a2", "c1", "d1"], "high_speedup": ["b3"]}
+    assert {n: list(s["candidate_id"]) for n, s in out.subsets.items() if n != "random"} == {
+        n: list(s["candidate_id"]) for n, s in curate(*make_tables(), settings()).subsets.items() if n != "random"
+    }
+
+
+def test_each_exclusion_is_counted_in_the_card():
+    out = curate(*guarded_tables(), settings())
+    counts = out.counts
+    assert counts["candidates"] == 20
+    assert counts["left_out"] == {"truncated": 1, "no_reasoning": 2, "untrusted": 1}  # x_empty: no reasoning first
+    assert (counts["no_code"], counts["correct_verdict_without_code"]) == (1, 1)  # x_nocode
+    assert (counts["incorrect"], counts["reduced_precision_left_out"], counts["eligible"]) == (3, 1, 12)
+    assert counts["truncated"] == {"total": 1, "reported": 1, "detected": 0, "included": False}
+    card = out.card
+    for line in (
+        "| left out: generation cut at the token cap (`include_truncated` false) | 1 |",
+        "| left out: no reasoning, from a reasoning generator | 2 |",
+        "| left out: verdict not trusted (degenerate task) | 1 |",
+        "| no code (never correct) | 1 |",
+        "| incorrect | 2 |",  # a4, c3
+        "| left out: correct, reduced precision (`allow_reduced_precision` false) | 1 |",
+        "| eligible: correct (the pool of every criterion and ablation subset) | 12 |",
+        "| **all** | 20 |",
+    ):
+        assert line in card, line
+    assert "Truncated (cut at the token cap): 1 (1 reported by the backend, 0 detected); left out" in card
+    assert "Reasoning tokens counted with: gen: `qwq (/models/qwq-tokenizer)`" in card
+    assert "1 `correct` verdicts on candidates without code count as incorrect" in card
+
+
+def test_include_truncated_and_allow_reduced_precision_put_rows_back():
+    out = curate(*guarded_tables(), settings(include_truncated=True, allow_reduced_precision=True))
+    assert {"x_trunc", "x_bf16"} <= set(out.dataset["candidate_id"])  # speedup 9 > 5: high_speedup
+    assert not set(out.dataset["candidate_id"]) & (UNFIT - {"x_trunc", "x_bf16"})
+    assert out.counts["left_out"]["truncated"] == 0 and out.counts["truncated"]["included"] is True
+    assert "Truncated (cut at the token cap): 1 (1 reported by the backend, 0 detected); included" in out.card
+
+
+def test_a_generator_without_reasoning_is_not_held_to_it():
+    cands, verdicts, tasks = make_tables()
+    cands["reasoning"] = ""  # an instruct model: no candidate has reasoning
+    out = curate(cands, verdicts, tasks, settings())
+    assert by_criterion(out.dataset) == {"shortest_fastest": ["a2", "c1", "d1"], "high_speedup": ["b3"]}
+    assert out.counts["reasoning_generators"] == [] and out.counts["left_out"]["no_reasoning"] == 0
+
+
+def test_old_candidate_files_mean_what_the_new_columns_default_to():
+    cands, verdicts, tasks = make_tables()
+    new = cands.assign(reasoning_source="tags", code_source="answer", truncated=False, truncation="", tokenizer="")
+    old_out, new_out = curate(cands, verdicts, tasks, settings()), curate(new, verdicts, tasks, settings())
+    pd.testing.assert_frame_equal(old_out.dataset, new_out.dataset)
+    assert old_out.card == new_out.card

@@ -406,3 +406,71 @@ def test_the_command_line_writes_what_the_rules_write(prepared_run, tmp_path, ca
     for stage, log in (("curate", "curate"), ("eval scores", "eval/score"), ("analyze", "analyze")):
         line = next(line for line in (res / "logs" / f"{log}.log").read_text().splitlines() if f" {stage}" in line)
         assert line.split(": ", 1)[1].replace(str(res), str(cli)) in stderr, line
+
+
+# a run of replayed generations only: synthesize -> verify -> curate -> analyze, no model-backed generator
+# (`base_generator: null` turns off the evaluation config.yaml sets up; adapters: [] leaves out training)
+REPLAY_ONLY = """
+generators:
+  demo-teacher:
+    backend: replay
+    path: resources/demo/generations.jsonl
+    tokenizer: smollm2-135m
+synthesize:
+  generator: demo-teacher
+train:
+  adapters: []
+evaluate:
+  base_generator: null
+"""
+
+
+def test_replay_only_config_plans_no_evaluation(tmp_path):
+    overlay = tmp_path / "replay.yaml"
+    overlay.write_text(REPLAY_ONLY)
+    args = ("-n", "--configfile", str(overlay), "--config", f"results={tmp_path}/results")
+    assert job_counts(snakemake(*args).stdout) == {
+        "all": 1,
+        "tasks": 1,
+        "synthesize": 2,
+        "compile": 2,
+        "verify": 2,
+        "curate": 1,
+        "analyze": 1,
+    }
+    (analyze,) = jobs(snakemake(*args, "--", f"{tmp_path}/results/analysis/summary.json").stdout, "analyze")
+    assert "eval/" not in analyze["input"]
+    # an evaluation target stops the run (a dry run too) with the line that says why
+    out = snakemake(*args, "--", f"{tmp_path}/results/eval/scores.csv", check=False)
+    assert out.returncode != 0
+    assert "eval/scores.csv: evaluation is off (no evaluate.base_generator in the config)" in out.stdout + out.stderr
+
+
+def test_replay_only_curate_and_analyze_run(prepared_run, tmp_path):
+    """curate and analyze through Snakemake with evaluation off, on the prepared synthesis tables: the analysis
+    needs no eval/scores.csv and draws its evaluation figures as placeholders."""
+    res_in, verdicts, _ = prepared_run
+    res = tmp_path / "results"
+    for part in ("candidates", "verified", "tasks"):
+        shutil.copytree(res_in / part, res / part)
+    overlay = tmp_path / "replay.yaml"
+    overlay.write_text(REPLAY_ONLY)
+    snakemake(
+        "-s",
+        str(ROOT / "Snakefile"),
+        "--configfile",
+        str(ROOT / "config.yaml"),
+        str(overlay),
+        "--cores",
+        "1",
+        "--config",
+        f"results={res}",
+        "--allowed-rules",
+        "curate",
+        "analyze",
+        cwd=ROOT,
+    )
+    summary = json.loads((res / "analysis" / "summary.json").read_text())
+    assert summary["n_candidates"] == 300 and summary["n_correct"] == int(verdicts["correct"].sum())
+    assert summary["eval_scores"] is None and "No evaluation scores" in summary["figures"]["eval_scores.png"]
+    assert (res / "dataset" / "card.md").exists() and not (res / "eval").exists()

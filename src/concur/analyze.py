@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from concur import config
+from concur import config, screening
 from concur.curate import join_candidates
 from concur.figures import (
     plot_accuracy_by_length,
@@ -33,8 +33,14 @@ from concur.metrics import DIFFICULTIES, check_thresholds, difficulty_labels
 log = logging.getLogger(__name__)
 
 Z_BIN_WIDTH = 0.5
+MIN_BIN_COUNT = 10  # bins with fewer candidates are drawn hollow: their share is too uncertain to show as a bar
+CI_Z = 1.959963984540054  # 95% two-sided normal quantile of the Wilson interval
+SPEEDUP_FIT = (
+    "least squares of ln(speedup) on reasoning_tokens over correct candidates with a measured speedup > 0; "
+    "r, p, r2: Pearson of reasoning_tokens and ln(speedup)"
+)
 WITHIN_TASK_NORMALISATION = (
-    "z-score within each task of both reasoning_tokens and speedup (tasks with < 2 correct candidates or a "
+    "z-score within each task of both reasoning_tokens and ln(speedup) (tasks with < 2 correct candidates or a "
     "constant value are left out)"
 )
 WITHIN_TASK_LENGTH = (
@@ -69,8 +75,21 @@ def json_safe(value):
     return value
 
 
+def wilson(successes: int, n: int) -> tuple[float | None, float | None]:
+    """95% Wilson score interval of a share of `successes` out of `n`; (None, None) when n is 0."""
+    if n == 0:
+        return None, None
+    share, z2 = successes / n, CI_Z * CI_Z
+    centre = (share + z2 / (2 * n)) / (1 + z2 / n)
+    half = CI_Z * math.sqrt(share * (1 - share) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    low = 0.0 if successes == 0 else max(0.0, min(share, centre - half))  # exact ends where rounding would stray
+    high = 1.0 if successes == n else min(1.0, max(share, centre + half))
+    return low, high
+
+
 def _bins(values: np.ndarray, correct: np.ndarray, width: float) -> list[dict]:
-    """Bins [lo, hi) of `width` from the lowest to the highest value, empty bins included."""
+    """Bins [lo, hi) of `width` from the lowest to the highest value, empty bins included, each with its share
+    correct and the share's 95% Wilson interval (`ci_low`, `ci_high`)."""
     if len(values) == 0:
         return []
     index = np.floor(values / width).astype(np.int64)
@@ -84,6 +103,8 @@ def _bins(values: np.ndarray, correct: np.ndarray, width: float) -> list[dict]:
             "count": int(c),
             "n_correct": int(h),
             "accuracy": h / c if c else None,
+            "ci_low": wilson(int(h), int(c))[0],
+            "ci_high": wilson(int(h), int(c))[1],
         }
         for i, (c, h) in enumerate(zip(count, hits))
     ]
@@ -125,6 +146,26 @@ def pearson(x, y) -> dict:
     return {"n": int(len(x)), "r": float(r), "p": float(p), "r2": float(r) ** 2}
 
 
+def log_speedup_fit(tokens, speedup) -> dict:
+    """Exponential fit of speedup on reasoning length: least squares of ln(speedup) on tokens, a straight line on a
+    log speedup axis. `n`, Pearson `r`, `p`, `r2` of tokens and ln(speedup); `slope` (ln speedup per token),
+    `intercept` (ln speedup at 0 tokens), `factor_per_1k_tokens` (exp(1000 * slope): the speedup's change per 1,000
+    tokens), `x_min`, `x_max` (the span of the points, where the curve is drawn). Points with a speedup that is not
+    finite and > 0 are left out."""
+    x = np.asarray(tokens, dtype=float)
+    y = np.asarray(speedup, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y) & (y > 0)
+    x, y = x[keep], np.log(y[keep])
+    result = pearson(x, y)
+    result.update(slope=None, intercept=None, factor_per_1k_tokens=None, x_min=None, x_max=None)
+    if len(x):
+        result.update(x_min=float(x.min()), x_max=float(x.max()))
+    if result["r"] is not None:
+        slope, intercept = np.polyfit(x, y, 1)
+        result.update(slope=float(slope), intercept=float(intercept), factor_per_1k_tokens=math.exp(1000 * slope))
+    return result
+
+
 def within_task_z(frame: pd.DataFrame, column: str) -> pd.Series:
     """`column` z-scored within each task (population std); NaN for a task of one row or one value."""
     values = frame[column].astype(float)
@@ -135,13 +176,15 @@ def within_task_z(frame: pd.DataFrame, column: str) -> pd.Series:
 
 
 def _speedup_points(correct: pd.DataFrame) -> pd.DataFrame:
-    """Correct candidates with a measured speedup, with their within-task z-scores of length and speedup."""
-    measured = correct[np.isfinite(correct["speedup"])]
+    """Correct candidates with a measured speedup (finite, > 0), with their within-task z-scores of length and of
+    ln(speedup)."""
+    measured = correct[np.isfinite(correct["speedup"]) & (correct["speedup"] > 0)]
+    measured = measured.assign(log_speedup=np.log(measured["speedup"].astype(float)))
     return pd.DataFrame(
         {
             "task_id": measured["task_id"],
             "z_length": within_task_z(measured, "reasoning_tokens"),
-            "z_speedup": within_task_z(measured, "speedup"),
+            "z_speedup": within_task_z(measured, "log_speedup"),
         }
     )
 
@@ -177,7 +220,8 @@ def accuracy_within_task(joined: pd.DataFrame, z: pd.Series | None = None) -> di
 
 
 def arl_per_task(joined: pd.DataFrame, easy_below: float, hard_above: float) -> list[dict]:
-    """Average reasoning length over each task's candidates (all of them, correct or not) and its difficulty."""
+    """Average reasoning length over each task's candidates (all of them, correct or not, cut ones at the length
+    they reached: `n_truncated` of `n`) and its difficulty."""
     if joined.empty:
         return []
     per_task = (
@@ -187,6 +231,7 @@ def arl_per_task(joined: pd.DataFrame, easy_below: float, hard_above: float) -> 
             category=("category", "first"),
             level=("level", "first"),
             n=("correct", "size"),
+            n_truncated=("truncated", "sum"),
             accuracy=("correct", "mean"),
             arl=("reasoning_tokens", "mean"),
         )
@@ -195,6 +240,7 @@ def arl_per_task(joined: pd.DataFrame, easy_below: float, hard_above: float) -> 
     per_task["arl"] = per_task["arl"].astype(float)
     per_task["accuracy"] = per_task["accuracy"].astype(float)
     per_task["level"] = per_task["level"].astype("int64")
+    per_task["n_truncated"] = per_task["n_truncated"].astype("int64")
     per_task["difficulty"] = difficulty_labels(per_task["arl"], easy_below, hard_above)
     return per_task.to_dict(orient="records")
 
@@ -211,11 +257,26 @@ def _captions(summary: dict) -> dict[str, str]:
     def r_text(f: dict) -> str:
         return f"r = {f['r']:.2f}, p = {f['p']:.2g}, R² = {f['r2']:.2f}" if f["r"] is not None else "r undefined"
 
+    screened = summary["screening"]
+    left = screened["left_out"]
+    left_text = (
+        f"; left out: {left['truncated']} truncated, {left['no_reasoning']} without reasoning, "
+        f"{left['untrusted']} with untrusted verdicts"
+        if any(left.values())
+        else ""
+    )
+    sparse = f"hollow: fewer than {summary['min_bin_count']} candidates; whiskers: 95% Wilson intervals"
+    fit_text = (
+        f"{r_text(fit)} on ln speedup; ×{fit['factor_per_1k_tokens']:.3g} per 1,000 tokens"
+        if fit["r"] is not None
+        else r_text(fit)
+    )
+
     return {
         "accuracy_by_length.png": (
             f"Share of correct candidates per {summary['bin_width']}-token bin of reasoning "
-            f"length over all {summary['n_candidates']} candidates (grey, right axis: "
-            "candidates per bin)."
+            f"length over all {summary['n_candidates']} candidates analysed (grey, right axis: "
+            f"candidates per bin; {sparse}{left_text})."
         ),
         "length_correct_vs_incorrect.png": (
             f"Reasoning-length distributions of the {summary['n_correct']} correct "
@@ -223,8 +284,9 @@ def _captions(summary: dict) -> dict[str, str]:
             "candidates (share of each group per bin; dashed: medians)."
         ),
         "speedup_vs_length.png": (
-            f"Speedup over PyTorch eager vs reasoning length for the {fit['n']} correct "
-            f"candidates, with a least-squares line ({r_text(fit)})."
+            f"Speedup over PyTorch eager (log axis) vs reasoning length for the {fit['n']} correct "
+            f"candidates with a measured speedup, with the least-squares fit of ln(speedup) on length, drawn over "
+            f"the data's span ({fit_text})."
         ),
         "arl_difficulty.png": (
             f"Average reasoning length per task, coloured by difficulty (Easy {counts['Easy']}, "
@@ -232,11 +294,12 @@ def _captions(summary: dict) -> dict[str, str]:
         ),
         "accuracy_by_length_within_task.png": (
             f"Share of correct candidates by reasoning length relative to the task's own mean (z-score, "
-            f"{acc_within['bin_width']:g}-σ bins) over {acc_within['n']} candidates of {acc_within['n_tasks']} tasks: "
-            f"length separated from task difficulty ({r_text(acc_within['correlation'])}, point-biserial)."
+            f"{acc_within['bin_width']:g}-σ bins; {sparse}) over {acc_within['n']} candidates of "
+            f"{acc_within['n_tasks']} tasks: length separated from task difficulty "
+            f"({r_text(acc_within['correlation'])}, point-biserial)."
         ),
         "speedup_vs_length_within_task.png": (
-            f"Speedup vs reasoning length, both z-scored within each task, for {within['n']} correct candidates "
+            f"ln speedup vs reasoning length, both z-scored within each task, for {within['n']} correct candidates "
             f"of {within['n_tasks']} tasks ({r_text(within)})."
         ),
         "eval_scores.png": (
@@ -274,14 +337,18 @@ def analyze(
     fig_dir = Path(fig_dir)
     fig_dir.mkdir(parents=True, exist_ok=True)
 
-    joined = join_candidates(candidates, verdicts, tasks)
+    everything = join_candidates(candidates, verdicts, tasks)
+    screened = screening.screen(everything, bool(settings["include_truncated"]))
+    joined = screened.kept  # `correct` here is the shared rule's (concur.screening.counts_as_correct)
     correct = joined[joined["correct"]]
     bins = accuracy_by_length(joined, bin_width)
-    fit = pearson(correct["reasoning_tokens"], correct["speedup"])
+    fit = log_speedup_fit(correct["reasoning_tokens"], correct["speedup"])
     points = _speedup_points(correct)
     within = within_task_pearson(correct, points)
     acc_within = accuracy_within_task(joined)
-    arl_rows = arl_per_task(joined, easy_below, hard_above)
+    # a task's ARL counts its cut samples at the length they reached (a floor): leaving them out would make the
+    # tasks whose samples run longest look easiest, and drop those the model never finished at all
+    arl_rows = arl_per_task(screening.screen(everything, True).kept, easy_below, hard_above)
     overall = by_difficulty = None
     if scores is not None and not scores.empty:
         overall = scores[scores["scope"] == "overall"].reset_index(drop=True)
@@ -291,14 +358,26 @@ def analyze(
         "incorrect": length_stats(joined.loc[~joined["correct"], "reasoning_tokens"]),
     }
 
+    counts = screened.counts
     summary = {
         "n_candidates": len(joined),
         "n_correct": len(correct),
         "n_tasks": int(joined["task_id"].nunique()),
+        "screening": {
+            "candidates": counts["candidates"],
+            "left_out": counts["left_out"],
+            "no_code": counts["no_code"],
+            "correct_verdict_without_code": counts["correct_verdict_without_code"],
+            "reduced_precision": counts["reduced_precision"],
+            "truncated": counts["truncated"],
+            "reasoning_generators": counts["reasoning_generators"],
+            "tokenizers": counts["tokenizers"],
+        },
         "bin_width": bin_width,
+        "min_bin_count": MIN_BIN_COUNT,
         "accuracy_by_length": bins,
         "length_by_correctness": lengths,
-        "speedup_vs_length": {**fit, "over": "correct candidates, raw speedup vs reasoning_tokens"},
+        "speedup_vs_length": {**fit, "fit": SPEEDUP_FIT},
         "speedup_vs_length_within_task": within,
         "accuracy_by_length_within_task": acc_within,
         "difficulty_thresholds": {"easy_below": easy_below, "hard_above": hard_above},
@@ -312,16 +391,20 @@ def analyze(
     summary = json_safe(summary)
 
     drawn = {
-        "accuracy_by_length.png": plot_accuracy_by_length(bins, fig_dir / "accuracy_by_length.png"),
+        "accuracy_by_length.png": plot_accuracy_by_length(
+            summary["accuracy_by_length"], fig_dir / "accuracy_by_length.png", MIN_BIN_COUNT
+        ),
         "length_correct_vs_incorrect.png": plot_length_by_correctness(
             joined, summary["length_by_correctness"], bin_width, fig_dir / "length_correct_vs_incorrect.png"
         ),
-        "speedup_vs_length.png": plot_speedup_vs_length(correct, fit, fig_dir / "speedup_vs_length.png"),
+        "speedup_vs_length.png": plot_speedup_vs_length(
+            correct, summary["speedup_vs_length"], fig_dir / "speedup_vs_length.png"
+        ),
         "arl_difficulty.png": plot_arl_difficulty(
             arl_rows, easy_below, hard_above, bin_width, fig_dir / "arl_difficulty.png"
         ),
         "accuracy_by_length_within_task.png": plot_accuracy_within_task(
-            summary["accuracy_by_length_within_task"], fig_dir / "accuracy_by_length_within_task.png"
+            summary["accuracy_by_length_within_task"], fig_dir / "accuracy_by_length_within_task.png", MIN_BIN_COUNT
         ),
         "speedup_vs_length_within_task.png": plot_speedup_within_task(
             points, summary["speedup_vs_length_within_task"], fig_dir / "speedup_vs_length_within_task.png"
@@ -338,6 +421,8 @@ def analyze(
 def run(candidate_paths, verified_paths, tasks_path, scores_path, settings: dict, summary_path, figure_paths) -> None:
     """The analyze stage: figures next to each other in one folder, and summary.json."""
     fig_dir = Path(figure_paths[0]).parent
+    if isinstance(scores_path, (list, tuple)):  # a rule's input list: empty when evaluation is off
+        scores_path = scores_path[0] if scores_path else None
     expected = {Path(p).name for p in figure_paths}
     scores = pd.read_csv(scores_path, dtype={"group": str}) if scores_path else None
     summary = analyze(
@@ -352,10 +437,13 @@ def run(candidate_paths, verified_paths, tasks_path, scores_path, settings: dict
         raise ValueError(f"analyze wrote {sorted(summary['figures'])}, the workflow expects {sorted(expected)}")
     write_json(summary, summary_path)
     log.info(
-        "analyze: %d candidates (%d correct) over %d tasks; speedup vs length r = %s; %d figures in %s",
+        "analyze: %d candidates (%d correct) over %d tasks, of %d (left out: %s); ln speedup vs length r = %s; "
+        "%d figures in %s",
         summary["n_candidates"],
         summary["n_correct"],
         summary["n_tasks"],
+        summary["screening"]["candidates"],
+        summary["screening"]["left_out"],
         summary["speedup_vs_length"]["r"],
         len(summary["figures"]),
         fig_dir,

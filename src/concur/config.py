@@ -139,14 +139,18 @@ def _check_references(config: dict) -> None:
         )
     if config["train"]["base_model"] not in models:
         raise ConfigError(f"config: train.base_model {config['train']['base_model']!r} is not a models entry")
-    base = config["evaluate"]["base_generator"]
-    if base not in generators or generators[base]["backend"] == "replay":
-        raise ConfigError(f"config: evaluate.base_generator {base!r} must name a model-backed generators entry")
     adapters = config["train"]["adapters"]
     missing = [a for a in adapters if a != "concur" and a not in config["curate"]["ablations"]]
     if missing:
         raise ConfigError(f"config: train.adapters {missing} need the matching curate.ablations subsets")
     evaluate = config["evaluate"]
+    base = evaluate["base_generator"]
+    if base is None:  # no evaluation: nothing else of the section is used
+        if evaluate["baselines"]:
+            raise ConfigError("config: evaluate.baselines need evaluate.base_generator (evaluation is off without one)")
+        return
+    if base not in generators or generators[base]["backend"] == "replay":
+        raise ConfigError(f"config: evaluate.base_generator {base!r} must name a model-backed generators entry")
     for name in evaluate["baselines"]:
         if name not in generators:
             raise ConfigError(f"config: evaluate.baselines: {name!r} is not a generators entry")

@@ -1,5 +1,11 @@
 """ConCuR curation: pick correct kernels with concise reasoning (contract 5 of docs/data.md).
 
+"Correct kernels" below are the *eligible* candidates: `concur.screening.screen` leaves out truncated samples
+(unless ``include_truncated``), reasoning generators' samples without reasoning and untrusted verdicts, and counts
+as correct a trusted ``correct`` verdict on a candidate with code (the rule the analysis uses too); curation also
+leaves out reduced-precision kernels unless ``allow_reduced_precision``. The card counts every candidate under
+the first of these that applies.
+
 Criteria, applied in order; a candidate is admitted once, tagged with the first criterion that takes it:
 
 (a) ``shortest_fastest`` -- per task, among its correct kernels, the one that is both the fastest (largest
@@ -14,7 +20,7 @@ Criteria, applied in order; a candidate is admitted once, tagged with the first 
     single_op kernel: first from tasks not yet in the dataset, then by shortest reasoning, then candidate_id.
 
 Ablation subsets (``min``, ``max``, ``speedup``, ``random``) have the dataset's size (capped at the number of
-correct candidates) and are drawn from all correct candidates; ties are broken by candidate_id.
+eligible candidates) and are drawn from all eligible candidates; ties are broken by candidate_id.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from concur import config, contracts
+from concur import config, contracts, screening
 from concur.io import read_parquets, write_jsonl, write_parquet, write_text
 
 CRITERIA = ("shortest_fastest", "high_speedup", "single_op_balance")
@@ -59,6 +65,8 @@ class Curated:
     subsets: dict[str, pd.DataFrame] = field(default_factory=dict)
     sft: list[dict] = field(default_factory=list)
     card: str = ""
+    counts: dict = field(default_factory=dict)  # screening.screen's counts plus incorrect, eligible and
+    # reduced_precision_left_out: how every candidate was sorted (the card's "Candidates" table)
 
 
 def _require_unique(frame: pd.DataFrame, column: str, what: str) -> None:
@@ -68,7 +76,9 @@ def _require_unique(frame: pd.DataFrame, column: str, what: str) -> None:
 
 
 def join_candidates(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame) -> pd.DataFrame:
-    """One row per candidate with its verdict (correct, speedup) and its task (name, category, level).
+    """One row per candidate with its verdict (correct, speedup, trusted, flags) and its task (name, category,
+    level), the candidates' reading and truncation columns included (filled in for older files: concur.screening).
+    `correct` is still the verdict's own; `concur.screening.screen` decides what counts as correct.
 
     Every candidate needs exactly one verdict with the same task_id, and every task_id must be in `tasks`.
     """
@@ -79,8 +89,9 @@ def join_candidates(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.
     _require_unique(verdicts, "candidate_id", "verdicts")
     _require_unique(tasks, "task_id", "tasks")
 
-    cand = candidates.loc[:, list(_CANDIDATE_COLUMNS)]
-    verd = verdicts.loc[:, list(_VERDICT_COLUMNS)].rename(columns={"task_id": "verdict_task_id"})
+    cand = screening.with_candidate_defaults(candidates).loc[:, [*_CANDIDATE_COLUMNS, *screening.CANDIDATE_EXTRAS]]
+    verd = screening.with_verdict_defaults(verdicts).loc[:, [*_VERDICT_COLUMNS, *screening.VERDICT_EXTRAS]]
+    verd = verd.rename(columns={"task_id": "verdict_task_id"})
     merged = cand.merge(verd, on="candidate_id", how="outer", indicator=True)
     orphans = merged[merged["_merge"] != "both"]
     if len(orphans):
@@ -101,6 +112,8 @@ def join_candidates(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.
     merged = merged.drop(columns=["_merge", "verdict_task_id"])
     merged = merged.merge(tasks.loc[:, list(_TASK_COLUMNS)], on="task_id", how="left")
     merged["correct"] = merged["correct"].astype(bool)
+    merged["trusted"] = merged["trusted"].astype(bool)
+    merged["truncated"] = merged["truncated"].astype(bool)
     merged["speedup"] = merged["speedup"].astype(float)
     merged["reasoning_tokens"] = merged["reasoning_tokens"].astype("int64")
     return merged.sort_values("candidate_id", kind="stable").reset_index(drop=True)
@@ -183,6 +196,16 @@ def _ablation(correct: pd.DataFrame, name: str, size: int, seed: int) -> pd.Data
     return contracts.conform(subset, contracts.DATASET, f"subset {name}")
 
 
+def _check_rows(table: pd.DataFrame, reasoning_generators: set[str], what: str) -> None:
+    """The guard screening promises, checked on what is written: every row has code, and reasoning when its
+    generator is a reasoning generator."""
+    blank_code = table["code"].fillna("").str.strip() == ""
+    blank_reasoning = (table["reasoning"].fillna("").str.strip() == "") & table["generator"].isin(reasoning_generators)
+    bad = table[blank_code | blank_reasoning]
+    if len(bad):
+        raise AssertionError(f"curate: {what} row {bad['candidate_id'].iloc[0]!r} has no code or no reasoning")
+
+
 def sft_record(row) -> dict:
     """One chat-format training record (docs/data.md, concur_sft.jsonl) from a dataset row or dict."""
     assistant = f"<think>\n{row['reasoning']}\n</think>\n\n{row['answer']}"
@@ -210,13 +233,17 @@ def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame
     if unknown:
         raise ValueError(f"curate.ablations: unknown subset {unknown[0]!r} (known: {', '.join(ABLATIONS)})")
 
-    if "trusted" in verdicts.columns:  # verdicts on degenerate tasks (a trivial output passes) prove nothing
-        verdicts = verdicts.assign(correct=verdicts["correct"].astype(bool) & verdicts["trusted"].astype(bool))
-    if "flags" in verdicts.columns and not settings["allow_reduced_precision"]:  # faster by computing less exactly
-        reduced = verdicts["flags"].fillna("").str.contains("precision:", regex=False)
-        verdicts = verdicts.assign(correct=verdicts["correct"].astype(bool) & ~reduced)
+    allow_reduced = bool(settings["allow_reduced_precision"])
     joined = join_candidates(candidates, verdicts, tasks)
-    correct = joined[joined["correct"]].reset_index(drop=True)
+    screened = screening.screen(joined, bool(settings["include_truncated"]))
+    kept = screened.kept
+    flagged = kept["correct"] & screening.reduced_precision(kept)
+    # the pool every criterion and ablation draws from: correct by the shared rule, reduced precision only if allowed
+    correct = kept[kept["correct"] & (allow_reduced | ~flagged)].reset_index(drop=True)
+    counts = {**screened.counts, "incorrect": int((~kept["correct"]).sum())}
+    counts["reduced_precision_left_out"] = 0 if allow_reduced else int(flagged.sum())
+    counts["eligible"] = len(correct)
+    counts["tasks"] = {"candidates": int(joined["task_id"].nunique()), "eligible": int(correct["task_id"].nunique())}
 
     ids_a = select_shortest_fastest(correct, selection)
     ids_b = select_high_speedup(correct, threshold, set(ids_a))
@@ -226,6 +253,8 @@ def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame
     dataset = contracts.conform(admitted, contracts.DATASET, "curated dataset")
 
     subsets = {name: _ablation(correct, name, len(dataset), seed) for name in ablations}
+    for name, table in {"dataset": dataset, **subsets}.items():
+        _check_rows(table, set(counts["reasoning_generators"]), name)
     sft = [
         sft_record(row)
         for row in dataset.loc[:, ["candidate_id", "task_id", "prompt", "reasoning", "answer"]].to_dict(
@@ -234,16 +263,19 @@ def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame
     ]
     card = dataset_card(
         dataset,
-        joined,
+        correct,
+        counts,
         settings={
             "selection": selection,
             "speedup_threshold": threshold,
             "single_op_share": share,
             "ablations": ablations,
             "seed": seed,
+            "allow_reduced_precision": allow_reduced,
+            "include_truncated": bool(settings["include_truncated"]),
         },
     )
-    return Curated(dataset=dataset, subsets=subsets, sft=sft, card=card)
+    return Curated(dataset=dataset, subsets=subsets, sft=sft, card=card, counts=counts)
 
 
 # ---------------------------------------------------------------- dataset card
@@ -271,26 +303,68 @@ def _count_table(series: pd.Series, header: str, order) -> list[str]:
     return lines
 
 
-def dataset_card(dataset: pd.DataFrame, joined: pd.DataFrame, settings: dict) -> str:
-    """Markdown card: sources, counts per criterion and category, reasoning-length and speedup statistics."""
-    correct = joined[joined["correct"]]
-    generators = ", ".join(sorted(set(joined["generator"]))) or "none"
+CANDIDATE_ROWS = (  # the card's "Candidates" table: each candidate under the first line that applies
+    ("truncated", "left out: generation cut at the token cap (`include_truncated` false)"),
+    ("no_reasoning", "left out: no reasoning, from a reasoning generator"),
+    ("untrusted", "left out: verdict not trusted (degenerate task)"),
+    ("no_code", "no code (never correct)"),
+    ("other_incorrect", "incorrect"),
+    ("reduced_precision_left_out", "left out: correct, reduced precision (`allow_reduced_precision` false)"),
+    ("eligible", "eligible: correct (the pool of every criterion and ablation subset)"),
+)
+
+
+def candidate_table(counts: dict) -> list[str]:
+    """Every candidate counted once, under the first line that applies; the lines add up to the candidates."""
+    values = {
+        **counts["left_out"],
+        "no_code": counts["no_code"],
+        "other_incorrect": counts["incorrect"] - counts["no_code"],
+        "reduced_precision_left_out": counts["reduced_precision_left_out"],
+        "eligible": counts["eligible"],
+    }
+    lines = ["| candidates | n |", "|---|---:|"]
+    lines += [f"| {label} | {values[key]} |" for key, label in CANDIDATE_ROWS]
+    lines.append(f"| **all** | {counts['candidates']} |")
+    return lines
+
+
+def dataset_card(dataset: pd.DataFrame, pool: pd.DataFrame, counts: dict, settings: dict) -> str:
+    """Markdown card: sources, how every candidate was sorted (`counts` of curate), counts per criterion and
+    category, reasoning-length and speedup statistics of the dataset and of the eligible pool."""
+    generators = ", ".join(counts["tokenizers"]) or "none"
+    trunc = counts["truncated"]
+    tokenizers = "; ".join(
+        f"{gen}: {', '.join(f'`{t}`' if t else '(not recorded)' for t in values)}"
+        for gen, values in counts["tokenizers"].items()
+    )
     lines = [
         "# ConCuR dataset card",
         "",
-        f"- Generators: {generators}",
-        f"- Candidates: {len(joined)} over {joined['task_id'].nunique()} tasks; correct: {len(correct)} "
-        f"over {correct['task_id'].nunique()} tasks",
+        f"- Generators: {generators}; reasoning generators (any candidate with reasoning): "
+        f"{', '.join(counts['reasoning_generators']) or 'none'}",
+        f"- Reasoning tokens counted with: {tokenizers or 'n/a'}",
+        f"- Candidates: {counts['candidates']} over {counts['tasks']['candidates']} tasks; eligible (correct): "
+        f"{counts['eligible']} over {counts['tasks']['eligible']} tasks",
+        f"- Truncated (cut at the token cap): {trunc['total']} ({trunc['reported']} reported by the backend, "
+        f"{trunc['detected']} detected); {'included' if trunc['included'] else 'left out'}",
         f"- Dataset rows: {len(dataset)} over {dataset['task_id'].nunique()} tasks",
         "",
     ]
     if dataset.empty:
         lines += [
             "**The dataset is empty**: no candidate was admitted "
-            f"({'no correct candidates' if correct.empty else 'no criterion matched'}).",
+            f"({'no eligible candidates' if pool.empty else 'no criterion matched'}).",
             "",
         ]
-    lines += ["## Rows per criterion", ""] + _count_table(dataset["criterion"], "criterion", CRITERIA)
+    lines += ["## Candidates", ""] + candidate_table(counts)
+    lines += [
+        "",
+        f"Correct means a trusted `correct` verdict on a candidate with code (`concur.screening`); "
+        f"{counts['correct_verdict_without_code']} `correct` verdicts on candidates without code count as incorrect. "
+        "No dataset or subset row lacks code, or reasoning when its generator is a reasoning generator.",
+    ]
+    lines += ["", "## Rows per criterion", ""] + _count_table(dataset["criterion"], "criterion", CRITERIA)
     lines += ["", "## Rows per category", ""] + _count_table(dataset["category"], "category", contracts.CATEGORIES)
     stats_header = ["| set | n | min | median | mean | max |", "|---|---:|---:|---:|---:|---:|"]
     lines += (
@@ -298,7 +372,7 @@ def dataset_card(dataset: pd.DataFrame, joined: pd.DataFrame, settings: dict) ->
         + stats_header
         + [
             _stats_row("dataset", dataset["reasoning_tokens"]),
-            _stats_row("all correct candidates", correct["reasoning_tokens"]),
+            _stats_row("eligible candidates", pool["reasoning_tokens"]),
         ]
     )
     lines += (
@@ -306,7 +380,7 @@ def dataset_card(dataset: pd.DataFrame, joined: pd.DataFrame, settings: dict) ->
         + stats_header
         + [
             _stats_row("dataset", dataset["speedup"]),
-            _stats_row("all correct candidates", correct["speedup"]),
+            _stats_row("eligible candidates", pool["speedup"]),
         ]
     )
     lines += ["", "## Settings", ""] + [f"- `{k}`: {v}" for k, v in settings.items()]
@@ -334,10 +408,16 @@ def run(candidate_paths, verified_paths, tasks_path, settings: dict, outputs) ->
     for path in outputs.subsets:
         write_parquet(curated.subsets[Path(path).stem], path)
     dataset = curated.dataset
+    counts = curated.counts
     log.info(
-        "curate: %d rows over %d tasks (%s); subset rows: %s",
+        "curate: %d rows over %d tasks (%s); subset rows: %s; %d of %d candidates eligible, left out: %s, "
+        "reduced precision %d",
         len(dataset),
         dataset["task_id"].nunique(),
         dataset["criterion"].value_counts().to_dict(),
         {name: len(s) for name, s in curated.subsets.items()},
+        counts["eligible"],
+        counts["candidates"],
+        counts["left_out"],
+        counts["reduced_precision_left_out"],
     )

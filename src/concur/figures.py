@@ -53,17 +53,40 @@ def _n(value: int) -> str:
     return f"{value:,}"
 
 
-def _bin_bars(ax, bins: list[dict], label: str, unit: str):
-    """Accuracy bars per bin and, on a right-hand axis, the number of candidates per bin."""
+def _bin_bars(ax, bins: list[dict], label: str, unit: str, min_count: int):
+    """Accuracy bars per bin with 95% Wilson whiskers (`ci_low`, `ci_high`), hollow where a bin holds fewer than
+    `min_count` candidates, and, on a right-hand axis, the number of candidates per bin."""
     width = bins[0]["hi"] - bins[0]["lo"]
     centres = [(b["lo"] + b["hi"]) / 2 for b in bins]
-    bars = ax.bar(centres, [b["accuracy"] or 0.0 for b in bins], width=0.9 * width, color="tab:blue", label=label)
+    sparse = [0 < b["count"] < min_count for b in bins]
+    bars = ax.bar(
+        centres,
+        [b["accuracy"] or 0.0 for b in bins],
+        width=0.9 * width,
+        color=["none" if few else "tab:blue" for few in sparse],
+        edgecolor="tab:blue",
+        label=label,
+    )
+    filled = [b for b in bins if b["count"]]
+    whiskers = ax.errorbar(
+        [(b["lo"] + b["hi"]) / 2 for b in filled],
+        [b["accuracy"] for b in filled],
+        yerr=[
+            [max(0.0, b["accuracy"] - b["ci_low"]) for b in filled],
+            [max(0.0, b["ci_high"] - b["accuracy"]) for b in filled],
+        ],
+        fmt="none",
+        ecolor="black",
+        elinewidth=0.8,
+        capsize=2,
+        label="95% Wilson interval",
+    )
     if len(bins) <= MAX_BAR_LABELS:
         for bar, b in zip(bars, bins):
             if b["count"]:
                 ax.annotate(
                     f"n={b['count']}",
-                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    (bar.get_x() + bar.get_width() / 2, b["ci_high"]),
                     ha="center",
                     va="bottom",
                     fontsize=8,
@@ -82,11 +105,16 @@ def _bin_bars(ax, bins: list[dict], label: str, unit: str):
     ax.set_ylim(0, 1.35)
     ax.set_yticks(np.linspace(0, 1, 6))
     ax.set_ylabel("share correct")
-    ax.legend(handles=[bars, line], loc="upper right", fontsize=8)
+    handles = [bars, whiskers, line]
+    if any(sparse):
+        handles.append(
+            Patch(facecolor="none", edgecolor="tab:blue", label=f"hollow: fewer than {min_count} candidates")
+        )
+    ax.legend(handles=handles, loc="upper right", fontsize=8)
     return bars, line
 
 
-def plot_accuracy_by_length(bins: list[dict], path: Path) -> Figure:
+def plot_accuracy_by_length(bins: list[dict], path: Path, min_count: int) -> Figure:
     fig, ax = _new_axes("Accuracy by reasoning length (all candidates)")
     if not bins:
         _placeholder(ax, "no candidates")
@@ -97,6 +125,7 @@ def plot_accuracy_by_length(bins: list[dict], path: Path) -> Figure:
             bins,
             f"share correct per {width}-token bin (n = {_n(sum(b['count'] for b in bins))} candidates)",
             f"{len(bins)} bins",
+            min_count,
         )
         ax.set_xlabel("reasoning length (tokens)")
     _save(fig, path)
@@ -133,19 +162,32 @@ def plot_length_by_correctness(joined: pd.DataFrame, lengths: dict, bin_width: i
     return fig
 
 
-def _fit_line(ax, x: np.ndarray, y: np.ndarray, fit: dict, positive_only: bool) -> None:
+def _fit_text(fit: dict) -> str:
+    return f"r = {fit['r']:.2f}, p = {fit['p']:.2g}, R² = {fit['r2']:.2f}"
+
+
+def _fit_line(ax, x: np.ndarray, y: np.ndarray, fit: dict) -> None:
+    """Least-squares line of y on x on linear axes, drawn over the points' span only."""
     if fit["r"] is None:
         ax.plot([], [], " ", label="r undefined (< 3 points or constant)")
         return
     slope, intercept = np.polyfit(x, y, 1)
     xs = np.linspace(x.min(), x.max(), 100)
-    ys = slope * xs + intercept
-    ok = ys > 0 if positive_only else np.ones_like(ys, dtype=bool)
+    ax.plot(xs, slope * xs + intercept, color="tab:red", label=f"least-squares fit: {_fit_text(fit)}")
+
+
+def _log_fit_curve(ax, fit: dict) -> None:
+    """The fit of ln(speedup) on length (analyze.log_speedup_fit): exp(intercept + slope * x) from the shortest to
+    the longest point, a straight line on the log axis."""
+    if fit["r"] is None:
+        ax.plot([], [], " ", label="r undefined (< 3 points or constant)")
+        return
+    xs = np.linspace(fit["x_min"], fit["x_max"], 100)
     ax.plot(
-        xs[ok],
-        ys[ok],
+        xs,
+        np.exp(fit["intercept"] + fit["slope"] * xs),
         color="tab:red",
-        label=f"least-squares fit: r = {fit['r']:.2f}, p = {fit['p']:.2g}, R² = {fit['r2']:.2f}",
+        label=f"fit of ln speedup: {_fit_text(fit)}; ×{fit['factor_per_1k_tokens']:.3g} per 1,000 tokens",
     )
 
 
@@ -162,7 +204,7 @@ def plot_speedup_vs_length(correct: pd.DataFrame, fit: dict, path: Path) -> Figu
         x = points["reasoning_tokens"].to_numpy(dtype=float)
         y = points["speedup"].to_numpy(dtype=float)
         ax.scatter(x, y, label=f"correct candidates (n = {_n(len(points))})", **_scatter_style(len(points)))
-        _fit_line(ax, x, y, fit, positive_only=True)  # the y axis is logarithmic
+        _log_fit_curve(ax, fit)  # a straight line on the logarithmic y axis
         ax.axhline(1.0, color="grey", linestyle=":", label="speedup 1 (PyTorch eager)")
         ax.set_yscale("log")
         plain = FuncFormatter(lambda v, _: f"{v:g}")
@@ -247,7 +289,7 @@ def plot_arl_difficulty(
     return fig
 
 
-def plot_accuracy_within_task(within: dict, path: Path) -> Figure:
+def plot_accuracy_within_task(within: dict, path: Path, min_count: int) -> Figure:
     fig, ax = _new_axes("Accuracy by reasoning length within each task")
     bins = within["bins"]
     if not bins:
@@ -261,6 +303,7 @@ def plot_accuracy_within_task(within: dict, path: Path) -> Figure:
             f"share correct per {within['bin_width']:g}-σ bin (n = {_n(within['n'])} candidates, "
             f"{_n(within['n_tasks'])} tasks; {r_text})",
             f"{len(bins)} bins",
+            min_count,
         )
         ax.axvline(0.0, color="black", linewidth=0.8, linestyle=":")
         ax.set_xlabel("reasoning length relative to the task's mean (standard deviations within the task)")
@@ -282,11 +325,11 @@ def plot_speedup_within_task(points: pd.DataFrame, fit: dict, path: Path) -> Fig
             label=f"correct candidates (n = {_n(len(usable))}, {_n(fit['n_tasks'])} tasks)",
             **_scatter_style(len(usable)),
         )
-        _fit_line(ax, x, y, fit, positive_only=False)
+        _fit_line(ax, x, y, fit)
         ax.axhline(0.0, color="grey", linestyle=":", linewidth=0.8)
         ax.axvline(0.0, color="grey", linestyle=":", linewidth=0.8)
         ax.set_xlabel("reasoning length (z-score within the task, σ)")
-        ax.set_ylabel("speedup (z-score within the task, σ)")
+        ax.set_ylabel("ln speedup (z-score within the task, σ)")
         ax.legend(fontsize=8)
     _save(fig, path)
     return fig

@@ -74,8 +74,16 @@ def compile_settings(config: dict) -> dict:
     return {key: value for key, value in verify_settings(config).items() if key in COMPILE_KEYS}
 
 
+def evaluates(config: dict) -> bool:
+    """Whether the config evaluates models: it names an `evaluate.base_generator` (a replay-only run does not)."""
+    return config["evaluate"].get("base_generator") is not None
+
+
 def eval_models(config: dict) -> list[str]:
-    """Every evaluated model: the base generator, the base generator plus each adapter, each baseline generator."""
+    """Every evaluated model: the base generator, the base generator plus each adapter, each baseline generator;
+    none when the config evaluates nothing."""
+    if not evaluates(config):
+        return []
     return ["base", *config["train"]["adapters"], *config["evaluate"]["baselines"]]
 
 
