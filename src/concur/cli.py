@@ -53,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = _stage(sub, "compile", "build a candidates table's extensions into the build cache (a CPU job)")
     p.add_argument("--candidates", required=True)
+    p.add_argument(
+        "--tasks",
+        help="the tasks table: each ModelNew is made on its task's init inputs, so what __init__ loads "
+        "is built too (without it, only on the candidate's own get_init_inputs)",
+    )
     p.add_argument("--out", required=True, help="the builds table")
     p.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one)")
     _verify_overrides(p)
@@ -108,6 +113,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scores", help="eval/scores.csv (without: placeholders in the evaluation figures)")
     p.add_argument("--out-dir", help="gets analysis/summary.json and figures/ (default: <results>)")
     p.set_defaults(func=_analyze)
+
+    p = sub.add_parser("import-kernelbench", help="a KernelBench run folder as a replay file, its verdicts beside it")
+    p.add_argument("run_dir", help="the run folder (level_{L}_problem_{P}_sample_{S}_kernel.py, eval_results.json)")
+    p.add_argument("--out", required=True, help="the replay JSONL; recorded verdicts go to <stem>.recorded.csv")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--tasks", help="a tasks table whose kernelbench task ids the problems map to")
+    where.add_argument("--kernelbench", help="a KernelBench checkout whose programs the problems map to")
+    p.add_argument("--level", type=int, help="only this level (and the level of an eval_results.json naming none)")
+    p.add_argument("--baseline", help="KernelBench timing JSON for reference runtimes the verdicts lack")
+    p.add_argument("--strict", action="store_true", help="a problem without a task is an error, not a skip")
+    p.set_defaults(func=_import_kernelbench)
+
+    p = sub.add_parser("compare-recorded", help="a run's recorded verdicts against ours: the agreement table")
+    p.add_argument("--recorded", required=True, help="the <stem>.recorded.csv of import-kernelbench")
+    p.add_argument("--candidates", nargs="+", required=True)
+    p.add_argument("--verified", nargs="+", required=True)
+    p.set_defaults(func=_compare_recorded)
     return parser
 
 
@@ -160,7 +182,7 @@ def _compile(args) -> None:
 
     settings = _overridden(workflow.compile_settings(_load(args)), args)
     with _workdir(args.workdir) as workdir:
-        compile_run(args.candidates, settings, workdir, args.out)
+        compile_run(args.candidates, settings, workdir, args.out, tasks_path=args.tasks)
 
 
 def _verify(args) -> None:
@@ -247,6 +269,20 @@ def _analyze(args) -> None:
     figures = [out / "figures" / name for name in FIGURES]
     summary = out / "analysis" / "summary.json"
     run(args.candidates, args.verified, args.tasks, args.scores, cfg["analyze"], summary, figures)
+
+
+def _import_kernelbench(args) -> None:
+    from .kernelbench_runs import import_run
+
+    import_run(args.run_dir, args.out, args.tasks, args.kernelbench, args.level, args.baseline, args.strict)
+
+
+def _compare_recorded(args) -> None:
+    from .io import read_parquets
+    from .kernelbench_runs import compare_recorded
+
+    agreement = compare_recorded(args.recorded, read_parquets(args.candidates), read_parquets(args.verified))
+    print(agreement.table())
 
 
 class _workdir:
