@@ -86,7 +86,7 @@ def main() -> None:
         tasks = tasks_frame(chunk)
         candidates = candidates_frame([(task_id, task_id, code + "\n\nModelNew = Model\n") for task_id, code in chunk])
         work = args.out.parent / "kb-refs-work"
-        builds = compile_frame(candidates, settings, work, progress=False)
+        builds = compile_frame(candidates, settings, work, progress=False, tasks=tasks)
         verdicts = verify_frame(candidates, tasks, settings, work, progress=False, builds=builds)
         verdicts.to_csv(args.out, mode="a", header=not args.out.exists(), index=False)
         print(

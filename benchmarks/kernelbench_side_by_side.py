@@ -124,7 +124,7 @@ def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
     summary["pch_programs"] = shared_pchs(candidates, build_settings, work)
     summary["pch_wall_s"], summary["pch_cpu_s"] = time.perf_counter() - t0, busy_cpu_s() - cpu0
     cpu0, t0 = busy_cpu_s(), time.perf_counter()
-    builds = compile_frame(candidates, build_settings, work / "compile", progress=False)
+    builds = compile_frame(candidates, build_settings, work / "compile", progress=False, tasks=tasks)
     summary["build_wall_s"], summary["build_cpu_s"] = time.perf_counter() - t0, busy_cpu_s() - cpu0
     summary["built"] = int((builds["status"] == "built").sum())
     summary["build_steps_s"] = build_steps(work / "cache")

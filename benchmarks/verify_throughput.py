@@ -128,7 +128,7 @@ def main() -> None:
 
     resolved = normalize_settings(settings, for_compile=True)
     start = time.perf_counter()
-    builds = compile_frame(candidates, settings, work / "compile", progress=False)
+    builds = compile_frame(candidates, settings, work / "compile", progress=False, tasks=tasks)
     compile_wall = time.perf_counter() - start
 
     to_verify, verify_builds = copies(candidates, args.verify_copies), copies(builds, args.verify_copies)

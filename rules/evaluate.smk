@@ -15,7 +15,8 @@ rule eval_generate:
         adapter=eval_adapter_dir,
         generations=eval_replay_file,
     output:
-        results("eval", "{model}", "candidates.parquet"),
+        candidates=results("eval", "{model}", "candidates.parquet"),
+        report=results("eval", "{model}", "candidates.report.csv"),
     params:
         settings=concur_workflow.eval_generation_settings(config),
         generator=eval_generator_params,  # a moved server reruns nothing
@@ -39,6 +40,7 @@ rule eval_generate:
 use rule compile as eval_compile with:
     input:
         candidates=results("eval", "{model}", "candidates.parquet"),
+        tasks=results("tasks", "eval.parquet"),
     output:
         results("eval", "{model}", "builds.parquet"),
     params:

@@ -1,7 +1,9 @@
 rule compile:
-    """Build every candidate's extension of one shard into the shared build cache: a CPU job, so GPUs never compile."""
+    """Build every candidate's extension of one shard into the shared build cache: a CPU job, so GPUs never compile.
+    The tasks give each ModelNew its init inputs: extensions its __init__ loads are built here too."""
     input:
         candidates=results("candidates", "{generator}", "shard-{shard}.parquet"),
+        tasks=results("tasks", "train.parquet"),
     output:
         results("builds", "{generator}", "shard-{shard}.parquet"),
     params:

@@ -7,4 +7,5 @@ with logging_to(snakemake.log[0]):
         settings={**snakemake.params.settings, "compile_workers": snakemake.threads},
         workdir=snakemake.params.workdir,
         out_path=snakemake.output[0],
+        tasks_path=snakemake.input.tasks,
     )

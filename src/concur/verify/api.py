@@ -38,10 +38,23 @@ def normalize_settings(settings: dict | None, for_compile: bool = False) -> dict
     return verify_settings.normalize(settings, for_compile)
 
 
-def compile_frame(candidates: pd.DataFrame, settings: dict, workdir: Path, progress: bool = True) -> pd.DataFrame:
-    """Build every candidate's extension into the build cache, in a pool of sandboxed builders (contracts.BUILDS)."""
+def compile_frame(
+    candidates: pd.DataFrame,
+    settings: dict,
+    workdir: Path,
+    progress: bool = True,
+    tasks: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Build every candidate's extension into the build cache, in a pool of sandboxed builders (contracts.BUILDS).
+    With `tasks`, each builder also makes ModelNew on its task's init inputs, so that what its __init__ loads is
+    built too; without, only on the candidate's own get_init_inputs, where it has one."""
     settings = normalize_settings(settings, for_compile=True)
-    jobs = [Job(i, str(r.candidate_id), str(r.task_id), "", _code(r)) for i, r in enumerate(candidates.itertuples())]
+    references = {} if tasks is None else reference_programs(tasks)
+    jobs = []
+    for i, r in enumerate(candidates.itertuples()):
+        if tasks is not None and str(r.task_id) not in references:
+            raise ValueError(f"candidate {r.candidate_id}: task {r.task_id!r} is not in the tasks frame")
+        jobs.append(Job(i, str(r.candidate_id), str(r.task_id), references.get(str(r.task_id), ""), _code(r)))
     rows = orchestrate.run_builds(jobs, settings, Path(workdir), progress)
     frame = pd.DataFrame(
         [{"candidate_id": j.candidate_id, "task_id": j.task_id, **b} for j, b in zip(jobs, rows)],
@@ -149,9 +162,11 @@ def run(candidates_path, tasks_path, settings: dict, workdir, out_path, builds_p
     log.info("verdicts: %s", verdicts["status"].value_counts().to_dict())
 
 
-def compile_run(candidates_path, settings: dict, workdir, out_path) -> None:
-    """The compile rule: build every candidate of one candidates file into the build cache."""
-    builds = compile_frame(pd.read_parquet(candidates_path), settings, Path(workdir), progress=True)
+def compile_run(candidates_path, settings: dict, workdir, out_path, tasks_path=None) -> None:
+    """The compile rule: build every candidate of one candidates file into the build cache (ModelNew made on the
+    init inputs of its task in `tasks_path`)."""
+    tasks = pd.read_parquet(tasks_path) if tasks_path else None
+    builds = compile_frame(pd.read_parquet(candidates_path), settings, Path(workdir), progress=True, tasks=tasks)
     write_parquet(builds, out_path)
     log.info("builds: %s", builds["status"].value_counts().to_dict())
 
@@ -183,7 +198,7 @@ def run_jobs(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -> 
         for job, row in zip(
             unbuilt,
             orchestrate.run_builds(
-                [Job(i, j.candidate_id, j.task_id, "", j.solution) for i, j in enumerate(unbuilt)],
+                [Job(i, j.candidate_id, j.task_id, j.reference, j.solution) for i, j in enumerate(unbuilt)],
                 settings,
                 workdir,
                 progress,

@@ -4,8 +4,10 @@
 build-cache entry of this candidate (`TORCH_EXTENSIONS_DIR`, whatever `build_directory` the code asks for); a
 module already built there is imported without asking ninja; in a contestant nothing is ever built (builds belong to
 the compile step, on CPU nodes). Each exported function counts its calls, so the referee can ask whether forward
-called into the extension at all. `build_child` is the compile step's child: it runs the module once and reports
-what the build did. Facts from here are the candidate's own process speaking: they only ever cost it a verdict.
+called into the extension at all. `build_child` is the compile step's child: it runs the module once, then makes
+`ModelNew` on the task's init inputs as a contestant will (on meta tensors), so that what its `__init__` loads is
+built too, and reports what the builds did. Facts from here are the candidate's own process speaking: they only
+ever cost it a verdict.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import types
 from pathlib import Path
 
 BUILT_MARKER = ".concur-built"
+MODEL_SEED = 42  # the seed contestants make both models under (concur.verify.reference.SEED)
 LIGHT_ENV = "CONCUR_LIGHT_CUDA_HEADERS"  # verify.light_cuda_headers, for the builder child
 FULL_HEADER = re.compile(r"^([ \t]*#[ \t]*include[ \t]*)<torch/extension\.h>", re.MULTILINE)
 
@@ -64,14 +67,24 @@ def exec_program(source: str, filename: str, module_name: str) -> dict:
     return module.__dict__
 
 
+class ExtensionCallBlocked(RuntimeError):
+    """An extension's function called while the compile step makes ModelNew: nothing native runs there."""
+
+
 class ExtensionLoader:
-    """Replaces cpp_extension.load_inline/load for one candidate's module (see the module docstring)."""
+    """Replaces cpp_extension.load_inline/load for one candidate's module (see the module docstring).
+
+    `on_build(building)`: told before (True) and after (False) each build. `blocked`: while set, calling an exported
+    function raises ExtensionCallBlocked instead (the compile step's ModelNew holds meta tensors, whose data pointers
+    are null)."""
 
     def __init__(self, root: str, allow_build: bool):
         self.root, self.allow_build = Path(root), allow_build
         self.calls = self.built = self.counted_modules = self.kernel_calls = 0
         self.error: str | None = None
         self.loaded: dict[str, object] = {}
+        self.on_build = None
+        self.blocked: str | None = None
 
     def install(self) -> None:
         from torch.utils import cpp_extension
@@ -100,9 +113,18 @@ class ExtensionLoader:
                         raise RuntimeError(f"extension {name} was not built in the compile step")
                     folder.mkdir(parents=True, exist_ok=True)
                     call = inspect.signature(original).bind(*args, **kwargs).arguments
-                    module = self._build(original, dict(call), name, inline)
-                    self.built += 1
-                    (folder / BUILT_MARKER).write_text("ok\n")
+                    if self.on_build is not None:
+                        self.on_build(True)
+                    try:
+                        module = self._build(original, dict(call), name, inline)
+                        self.built += 1
+                        (folder / BUILT_MARKER).write_text("ok\n")
+                    except BaseException as err:
+                        self.error = self.error or first_error_line(str(err))
+                        raise
+                    finally:  # the notice after a build carries its outcome
+                        if self.on_build is not None:
+                            self.on_build(False)
                 self.loaded[name] = module = self._counting(module)
                 return module
             except BaseException as err:
@@ -144,6 +166,8 @@ class ExtensionLoader:
 
     def _counted(self, function):
         def call(*args, **kwargs):
+            if self.blocked is not None:
+                raise ExtensionCallBlocked(f"{function.__name__}: {self.blocked}")
             self.kernel_calls += 1
             return function(*args, **kwargs)
 
@@ -164,27 +188,118 @@ def _import_built(folder: Path, name: str, is_python_module: bool):
 
 def build_child(channel, spec: dict, sandbox: str) -> int:
     """The compile step's child: run the candidate's module once (load_inline builds its extension into the cache
-    entry) and report what happened."""
+    entry), then make ModelNew on the task's init inputs (`make_model`), so that what its __init__ (or a helper it
+    calls) loads is built too; report what happened.
+
+    The task's reference runs first, before any candidate code, for its init inputs (seed 42, as the referee draws
+    them). While ModelNew is made, the facts so far go to the parent as a notice before each build and after it
+    (`notice: init`, `building`): if __init__ then crashes, hangs or runs out of memory outside a build, the
+    parent keeps what was built (an __init__ that fails is the verify step's to report)."""
     import torch
 
     torch.set_num_threads(max(1, int(spec.get("threads", 1))))
+    start = time.perf_counter()
+    facts: dict = {"ok": False, "error": None, "syntax_error": False, "sandbox": sandbox, "made": False}
+    init, init_error = None, None
+    if spec.get("reference"):
+        try:
+            reference = exec_program(Path(spec["reference"]).read_text(), "reference.py", "concur_build_reference")
+            torch.manual_seed(MODEL_SEED)
+            init = list(reference["get_init_inputs"]())
+        except BaseException as err:
+            init_error = f"reference: {describe(err)}"
     loader = ExtensionLoader(os.environ["TORCH_EXTENSIONS_DIR"], allow_build=True)
     loader.install()
-    source = Path(spec["program"]).read_text()
-    facts: dict = {"ok": False, "error": None, "syntax_error": False, "sandbox": sandbox}
-    start = time.perf_counter()
+    namespace: dict = {}
+
+    def so_far() -> dict:
+        return {
+            **facts,
+            "seconds": time.perf_counter() - start,
+            "load_calls": loader.calls,
+            "built": loader.built,
+            "build_error": loader.error,
+        }
+
     try:
-        namespace = exec_program(source, spec["program"], "concur_solution")
+        namespace = exec_program(Path(spec["program"]).read_text(), spec["program"], "concur_solution")
         facts.update(ok=True, has_model_new="ModelNew" in namespace)
     except SyntaxError as err:
         facts.update(syntax_error=True, error=one_line(f"SyntaxError: {err.msg} (line {err.lineno})"))
     except BaseException as err:  # SystemExit included: the candidate must not end the run
         facts["error"] = describe(err)
         traceback.print_exc()
-    facts.update(
-        seconds=time.perf_counter() - start, load_calls=loader.calls, built=loader.built, build_error=loader.error
-    )
-    channel.send(facts)
+    model_new = namespace.get("ModelNew") if facts["ok"] and loader.error is None else None
+    if model_new is not None and init is None and not spec.get("reference") and "get_init_inputs" in namespace:
+        try:  # no task given (a frame compiled without its tasks): the candidate's own init inputs, if it has them
+            torch.manual_seed(MODEL_SEED)
+            init = list(namespace["get_init_inputs"]())
+        except BaseException as err:
+            init_error = f"get_init_inputs: {describe(err)}"
+    if model_new is not None and init is not None:
+        facts["made"] = True
+        channel.send({**so_far(), "notice": "init", "building": False})
+        loader.on_build = lambda building: channel.send({**so_far(), "notice": "init", "building": building})
+        init_error = make_model(model_new, init, loader)
+        loader.on_build = None
+    facts["init_error"] = init_error
+    channel.send(so_far())
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # a candidate's atexit hooks and destructors must not run
+
+
+def make_model(cls, init: list, loader: ExtensionLoader) -> str | None:
+    """`cls(*init)` as a contestant makes it (seeded, without autograd), for the extensions its __init__ loads; its
+    error, or None. Made on meta tensors: no memory for weights, whatever the model's size; a device named anywhere
+    (`device="cuda"`, `.cuda()`, `.to(...)`) is read as meta, since this child has no GPU. An __init__ that fails
+    there for another reason than a failed build or an extension call (it reads a tensor's values, say) is made
+    once more on the CPU, under the child's memory limit. The extension's own functions are never run here."""
+    import torch
+
+    loader.blocked = "extensions are not run in the compile step"
+    error = None
+    try:
+        for device in ("meta", "cpu"):
+            try:
+                with torch.no_grad(), torch.device(device), on_device(device):
+                    torch.manual_seed(MODEL_SEED)
+                    cls(*init)
+                return None
+            except BaseException as err:  # SystemExit included
+                traceback.print_exc()
+                error = f"ModelNew(*init): {describe(err)}"
+                if isinstance(err, ExtensionCallBlocked) or loader.error is not None:
+                    return error
+    finally:
+        loader.blocked = None
+    return error
+
+
+def on_device(device: str):
+    """A torch function mode that puts every tensor made or moved on `device`: a `device=` argument, `.cuda()`,
+    `.cpu()` and `.to(...)` alike (factory calls without a device get it from torch.device(device))."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    target = torch.device(device)
+    moves = (torch.Tensor.cuda, torch.Tensor.cpu)
+
+    class OnDevice(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if func in moves and args:
+                return args[0].to(target)
+            if func is torch.Tensor.to and args:
+                dtype = kwargs.get("dtype")
+                for arg in args[1:]:
+                    if isinstance(arg, torch.dtype):
+                        dtype = arg
+                    elif isinstance(arg, torch.Tensor):
+                        dtype = arg.dtype
+                return torch.Tensor.to(args[0], device=target, dtype=dtype)
+            if kwargs.get("device") is not None:
+                kwargs["device"] = target
+            return func(*args, **kwargs)
+
+    return OnDevice()

@@ -1,8 +1,9 @@
 """The compile step's side of builds: the content-addressed cache, sandboxed builder children, and what a build
 left behind (status, seconds, the names of the CUDA kernels it compiled).
 
-A builder runs the candidate's module (load_inline builds as it is called), so it is a sandboxed child of the
-builders' zygote: it may write only its own cache entry and scratch folder. Everything shared that builds read
+A builder runs the candidate's module (load_inline builds as it is called) and then makes its ModelNew on the task's
+init inputs (what __init__ loads is built too), so it is a sandboxed child of the builders' zygote: it may write
+only its own cache entry and scratch folder. Everything shared that builds read
 (concur.verify.pch_cxx's precompiled headers, for clang and gcc alike) is made beforehand by trusted children, never
 by a candidate's build.
 """
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from concur.verify import procs
@@ -46,8 +48,10 @@ def real_compiler(settings: dict) -> str:
     return shutil.which(name) or name
 
 
-def cache_key(solution: str, settings: dict) -> str:
-    """sha256 of everything that changes the built extension: code, torch/python versions, build env, device kind."""
+def cache_key(solution: str, settings: dict, reference: str = "") -> str:
+    """sha256 of everything that changes the built extension: code, torch/python versions, build env, device kind,
+    and the task's reference program where one is given (ModelNew's __init__ is run on its init inputs, and may
+    build other sources for other inputs)."""
     import torch
 
     parts = [
@@ -57,6 +61,8 @@ def cache_key(solution: str, settings: dict) -> str:
         json.dumps(build_env(settings), sort_keys=True),
         settings["device"],
     ]
+    if reference:
+        parts.append(reference)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
@@ -101,14 +107,18 @@ def build(
     scratch: Path,
     threads: int,
     trusted: bool = False,
+    reference: str = "",
 ) -> dict:
-    """Run one program in a builder child; returns its build row (docs/data.md §4a) and the kernels it compiled."""
-    key = cache_key(solution, settings)
+    """Run one program in a builder child; returns its build row (docs/data.md §4a) and the kernels it compiled.
+    `reference`: the task's program, whose init inputs ModelNew is made on (build.build_child)."""
+    key = cache_key(solution, settings, reference)
     entry = cache_root / key
     entry.mkdir(parents=True, exist_ok=True)
     scratch.mkdir(parents=True, exist_ok=True)
     (scratch / "tmp").mkdir(exist_ok=True)
     (scratch / "solution.py").write_text(solution)
+    if reference:
+        (scratch / "reference.py").write_text(reference)
     box = (
         None
         if trusted
@@ -123,6 +133,7 @@ def build(
         "role": "trusted" if trusted else "builder",
         "cwd": str(scratch),
         "program": str(scratch / "solution.py"),
+        "reference": str(scratch / "reference.py") if reference else None,
         "env": builder_env(settings, entry, scratch, threads),
         "log": str(scratch / "build.log"),
         "threads": threads,
@@ -136,14 +147,7 @@ def build(
             baton.unlink(missing_ok=True)
         pid, channel = zygote.spawn(spec)
         try:
-            facts = procs.await_reply(
-                channel,
-                zygote,
-                pid,
-                float(settings["timeout_s"]),
-                int(settings["memory_limit_mb"]) * 1024,
-                int(settings["max_processes"]),
-            )
+            facts = await_facts(channel, zygote, pid, settings)
         except procs.Stopped as err:
             return stopped_row(err, settings, key)
         finally:
@@ -154,6 +158,35 @@ def build(
         json.dumps(kernel_names(entry)) if settings["device"] == "cuda" and row["status"] in ("built", "cached") else ""
     )
     return row
+
+
+def await_facts(channel, zygote: procs.Zygote, pid: int, settings: dict) -> dict:
+    """The builder's facts, within the candidate's `timeout_s` and limits. While it makes ModelNew it sends what it
+    has built so far (notices, build.build_child): stopped then outside a build (a crash, a hang or memory in
+    __init__), the row is decided on the last notice, with what stopped it; stopped in a build, or before any
+    notice, it raises procs.Stopped as before."""
+    deadline = time.monotonic() + float(settings["timeout_s"])
+    told: dict | None = None
+    while True:
+        try:
+            reply = procs.await_reply(
+                channel,
+                zygote,
+                pid,
+                max(0.0, deadline - time.monotonic()),
+                int(settings["memory_limit_mb"]) * 1024,
+                int(settings["max_processes"]),
+            )
+        except procs.Stopped as err:
+            if told is None or told.get("building"):
+                raise
+            what = f"timeout after {settings['timeout_s']:g} s" if err.kind == "timeout" else err.detail
+            return {**told, "init_error": f"ModelNew(*init): {what}"}
+        if not isinstance(reply, dict):
+            reply = {"error": "the builder sent something other than its facts"}
+        if reply.get("notice") != "init":
+            return reply
+        told = reply
 
 
 def row(status: str, reason: str, key: str, seconds: float) -> dict:
@@ -174,9 +207,17 @@ def classify(facts: dict, key: str) -> dict:
     seconds = float(facts.get("seconds") or 0.0)
     if facts.get("build_error") or facts.get("syntax_error"):
         return row("compile_error", one_line(facts.get("build_error") or facts["error"]), key, seconds)
+    init_error = facts.get("init_error")
     if not facts.get("load_calls"):
-        return row("no_build", "no load_inline/load call", key, seconds)
-    reason = f"import: {one_line(facts['error'])}" if facts.get("error") else ""
+        if facts.get("made"):
+            reason = f" ({one_line(init_error)})" if init_error else ""
+        else:
+            reason = f" at import (ModelNew not made{': ' + one_line(init_error) if init_error else ''})"
+        return row("no_build", f"no load_inline/load call{reason}", key, seconds)
+    if facts.get("error"):
+        reason = f"import: {one_line(facts['error'])}"
+    else:
+        reason = f"init: {one_line(init_error)}" if init_error else ""
     return row("built" if facts.get("built") else "cached", reason, key, seconds)
 
 

@@ -1,9 +1,10 @@
 """The verify and compile steps as the workflow runs them: candidates in, builds and verdicts out.
 
 `compile_frame` builds every candidate's extension in a pool of sandboxed builder children into the build cache
-(docs/data.md §4a). `verify_frame` hands each candidate to a referee (concur.verify.referee: one per GPU, or
-`workers` on the CPU), the candidates of one task in a row so the task's reference process is made once, and turns
-the referee's facts into verdicts with concur.verify.checks (§4). Referees and the builders' zygote live as long as
+(docs/data.md §4a), those its ModelNew's __init__ loads included (made on the task's init inputs). `verify_frame`
+hands each candidate to a referee (concur.verify.referee: one per GPU, or `workers` on the CPU), the candidates of
+one task in a row so the task's reference process is made once, and turns the referee's facts into verdicts with
+concur.verify.checks (§4). Referees and the builders' zygote live as long as
 this process and are reused by later calls with the same settings.
 """
 
@@ -132,7 +133,7 @@ def run_builds(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -
 
     def build(job: Job) -> dict:
         return compiling.build(
-            zygote, job.solution, settings, cache_root, scratch / f"{job.index:06d}", threads, trusted
+            zygote, job.solution, settings, cache_root, scratch / f"{job.index:06d}", threads, trusted, job.reference
         )
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
