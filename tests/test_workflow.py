@@ -474,3 +474,15 @@ def test_replay_only_curate_and_analyze_run(prepared_run, tmp_path):
     assert summary["n_candidates"] == 300 and summary["n_correct"] == int(verdicts["correct"].sum())
     assert summary["eval_scores"] is None and "No evaluation scores" in summary["figures"]["eval_scores.png"]
     assert (res / "dataset" / "card.md").exists() and not (res / "eval").exists()
+
+
+def test_compile_jobs_get_every_setting_a_build_reads():
+    """light_cuda_headers changes what a build compiles and sandbox how its candidate code is confined: both must
+    reach the compile job (and rerun it when changed); timing and correctness settings must not."""
+    from concur import config, workflow
+
+    cfg = config.load("config.yaml")
+    cfg["verify"].update(sandbox="required", light_cuda_headers=False, timing_trials=7)
+    settings = workflow.compile_settings(cfg)
+    assert settings["sandbox"] == "required" and settings["light_cuda_headers"] is False
+    assert "timing_trials" not in settings and "correctness_trials" not in settings

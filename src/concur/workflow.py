@@ -18,6 +18,8 @@ COMPILE_KEYS = (
     "mode",
     "cuda_arch",
     "host_compiler",
+    "light_cuda_headers",
+    "sandbox",
     "timeout_s",
     "memory_limit_mb",
     "max_processes",
