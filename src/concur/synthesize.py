@@ -270,22 +270,9 @@ def generate_resumable(
     return list(done.values())
 
 
-def generate_candidates(
-    tasks: pd.DataFrame,
-    generator_name: str,
-    generator: dict,
-    model_specs: dict,
-    settings: dict,
-    language: str,
-    samples: int,
-    adapter: str | Path | None = None,
-    checkpoint: str | Path | None = None,
-    all_task_ids: Iterable[str] | None = None,
-) -> pd.DataFrame:
-    """The candidates of `synthesize` (below), without its report."""
-    return synthesize(
-        tasks, generator_name, generator, model_specs, settings, language, samples, adapter, checkpoint, all_task_ids
-    ).candidates
+def generate_candidates(*args, **kwargs) -> pd.DataFrame:
+    """The candidates of `synthesize` (same arguments), without its report."""
+    return synthesize(*args, **kwargs).candidates
 
 
 def synthesize(
