@@ -175,3 +175,13 @@ def test_a_stray_fence_before_prose_does_not_swallow_the_program():
     out = extract(response)
     assert out.code == PROGRAM and not out.unclosed
     assert out.reasoning.endswith("Plan first.") and out.reasoning_source == "inferred"
+
+
+def test_other_reasoning_delimiters_in_use():
+    for open_, close in (("<thinking>", "</thinking>"), ("<|begin_of_thought|>", "<|end_of_thought|>")):
+        out = extract(f"{open_}\n{THINKING}{close}\n{block(PROGRAM)}")
+        assert (out.reasoning, out.reasoning_source, out.code) == (THINKING.strip(), "tags", PROGRAM)
+    closing_only = extract(f"{THINKING}</reasoning>\n{block(PROGRAM)}")
+    assert (closing_only.reasoning_source, closing_only.code_source) == ("close_tag", "answer")
+    cut = extract(f"<thinking>{THINKING}")
+    assert (cut.reasoning_source, cut.unclosed, cut.answer) == ("open_tag", True, "")

@@ -3,7 +3,7 @@
 Reasoning models and their servers deliver the reasoning in several shapes, and every one is read here:
 
 * a separate field (vLLM's `reasoning_content`, an OpenAI-style `reasoning`): `field`;
-* `<think>…</think>` in the text: `tags`;
+* `<think>…</think>` in the text (or `<thinking>`, `<reasoning>`, `<|begin_of_thought|>` pairs): `tags`;
 * only `</think>`, from chat templates that open the block themselves (QwQ, DeepSeek-R1): `close_tag`;
 * `<think>` never closed: the response was cut inside its reasoning: `open_tag`;
 * no tags at all (raw completions): the split is inferred at the start of the final answer: `inferred`;
@@ -21,6 +21,14 @@ import re
 from dataclasses import dataclass
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# reasoning delimiters in use: QwQ, DeepSeek-R1, Qwen3 (<think>); models trained on <thinking> or <reasoning>;
+# Sky-T1 / OpenThoughts-style data (<|begin_of_thought|>)
+THINK_TAGS = (
+    (THINK_OPEN, THINK_CLOSE),
+    ("<thinking>", "</thinking>"),
+    ("<reasoning>", "</reasoning>"),
+    ("<|begin_of_thought|>", "<|end_of_thought|>"),
+)
 # A fence opens with ``` plus an optional language tag and closes with ``` on a line of its own.
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
 _FENCE_LINE = re.compile(r"^[ \t]*(```[^\n]*)", re.MULTILINE)
@@ -131,17 +139,19 @@ def pick_program(reasoning: str, answer: str) -> tuple[str, str]:
 
 
 def split_tagged(response: str) -> tuple[str, str, str] | None:
-    """(reasoning, answer, source) from think tags; None when the text has none."""
-    close = response.rfind(THINK_CLOSE)
-    if close >= 0:
-        head = response[:close]
-        opened = head.find(THINK_OPEN)
-        source = "tags" if opened >= 0 else "close_tag"
-        reasoning = head.replace(THINK_OPEN, "").replace(THINK_CLOSE, "")
-        return reasoning.strip(), response[close + len(THINK_CLOSE) :].strip(), source
-    opened = response.find(THINK_OPEN)
-    if opened >= 0:
-        return response[opened + len(THINK_OPEN) :].strip(), response[:opened].strip(), "open_tag"
+    """(reasoning, answer, source) from think tags (any pair of THINK_TAGS: the one whose closing tag comes last,
+    else whose opening tag comes first); None when the text has none."""
+    closes = [(response.rfind(close), open_, close) for open_, close in THINK_TAGS if close in response]
+    if closes:
+        at, open_, close = max(closes)
+        head = response[:at]
+        source = "tags" if open_ in head else "close_tag"
+        reasoning = head.replace(open_, "").replace(close, "")
+        return reasoning.strip(), response[at + len(close) :].strip(), source
+    opens = [(response.find(open_), open_) for open_, _ in THINK_TAGS if open_ in response]
+    if opens:
+        at, open_ = min(opens)
+        return response[at + len(open_) :].strip(), response[:at].strip(), "open_tag"
     return None
 
 
