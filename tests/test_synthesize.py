@@ -246,3 +246,17 @@ def test_a_cap_is_read_off_a_pile_of_lengths_and_not_off_natural_spread():
     mixed = capped + [int(rng.lognormvariate(9.2, 0.5)) for _ in range(400)]  # another level, uncapped, beside it
     cap = inferred_cap(mixed)
     assert abs(cap - 8192) <= 20 and all(in_pile(v, cap) for v in capped if v >= 8180)
+
+
+def test_small_caps_empty_answers_and_refused_prompts_are_not_truncations():
+    from concur.backends import PROMPT_TOO_LONG
+
+    gens = [
+        Generation("s/a", 0, "", PROMPT_TOO_LONG, 0),  # the server refused the prompt: nothing was cut
+        Generation("s/a", 1, "", "unknown", 0),  # an empty answer without a finish reason
+        Generation("s/a", 2, "one two three", "unknown", 0),  # 3 of a 16-token cap: not near it
+        Generation("s/a", 3, " ".join(["w"] * 15), "unknown", 0),  # 15 of 16: at the cap
+    ]
+    frame = to_candidates(gens, {"s/a": "p"}, "g", "openai", Counter("words", WordTokenizer()), cap=16)
+    assert list(frame["truncation"]) == ["", "", "", "detected"]
+    assert list(frame["finish_reason"]) == [PROMPT_TOO_LONG, "unknown", "unknown", "length"]

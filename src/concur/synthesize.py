@@ -59,12 +59,13 @@ def candidate_id(generator: str, task_id: str, sample_idx: int) -> str:
 
 def cap_margin(cap: int) -> int:
     """How close to a cap a completion ends when the cap cut it: 0.5% of it, at least 16 tokens (a cut lands
-    mid-token in the text that is kept, and a count of the text may differ from the server's by a few tokens)."""
-    return max(16, cap // 200)
+    mid-token in the text that is kept, and a count of the text may differ from the server's by a few tokens), at
+    most an eighth of a small cap."""
+    return min(max(16, cap // 200), cap // 8)
 
 
 def cap_reached(tokens: int, cap: int | None) -> bool:
-    return bool(cap) and tokens >= cap - cap_margin(cap)
+    return bool(cap) and tokens > 0 and tokens >= cap - cap_margin(cap)
 
 
 def inferred_cap(lengths: Iterable[int]) -> int | None:
@@ -120,7 +121,7 @@ def to_candidates(
         else int(g.completion_tokens or 0)
         for g in generations
     ]
-    open_ended = [g.finish_reason not in CUT_FINISH | ENDED_FINISH for g in generations]
+    open_ended = [g.finish_reason not in CUT_FINISH | ENDED_FINISH | {PROMPT_TOO_LONG} for g in generations]
     seen_cap = inferred_cap(c for c, o in zip(completions, open_ended) if o)
     if seen_cap and seen_cap != cap:
         log.warning(
