@@ -31,8 +31,7 @@ THINK_TAGS = (
 )
 # A fence opens with ``` plus an optional language tag and closes with ``` on a line of its own.
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
-_FENCE_LINE = re.compile(r"^[ \t]*(```[^\n]*)", re.MULTILINE)
-_FENCE_OPENER = re.compile(r"^[ \t]*```([^\n]*)$", re.MULTILINE)
+_FENCE_LINE = re.compile(r"^[ \t]*```([^\n]*)$", re.MULTILINE)  # any fence line; group 1: what follows the ```
 _PYTHON_TAGS = {"", "python", "py", "python3"}
 _MODEL_NEW = re.compile(r"^[ \t]*class[ \t]+ModelNew\b", re.MULTILINE)
 # A line that announces the final answer in an untagged completion ("**Final Answer**", "### Final code",
@@ -71,8 +70,8 @@ def fenced_blocks(text: str) -> list[Block]:
 def ends_inside_fence(text: str) -> bool:
     """The last block was opened with a language tag (```python, ```cpp) and never closed. A bare ``` left over
     after the last block (a stray closing fence, prose after it) is not taken for a cut."""
-    fences = _FENCE_LINE.findall(text)
-    return len(fences) % 2 == 1 and bool(fences[-1][3:].strip())
+    infos = _FENCE_LINE.findall(text)
+    return len(infos) % 2 == 1 and bool(infos[-1].strip())
 
 
 def defines_model_new(body: str) -> bool:
@@ -91,7 +90,7 @@ def program_candidates(text: str) -> list[Block]:
     """Every span from a fence line that may open Python (tagged python, bare, or followed by prose, as a stray
     fence before a paragraph is) to the next bare fence line. Unlike `fenced_blocks` the spans may overlap, so a
     stray or unpaired fence earlier in the text cannot swallow the program that follows it."""
-    lines = list(_FENCE_OPENER.finditer(text))
+    lines = list(_FENCE_LINE.finditer(text))
     spans = []
     for i, line in enumerate(lines):
         info = line.group(1).strip()

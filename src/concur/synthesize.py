@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
@@ -34,7 +34,7 @@ SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "seed")
 # finish reasons that say the generation hit its token cap, and those that say the model ended on its own
 CUT_FINISH = frozenset({"length", "max_tokens", "max_output_tokens"})
 ENDED_FINISH = frozenset({"stop", "eos", "end_turn", "stop_sequence"})
-REPORT_COLUMNS = ("kind", "task_id", "sample_idx", "detail")
+REPORT_COLUMNS = tuple(f.name for f in fields(Skipped))  # kind, task_id, sample_idx, detail
 
 
 @dataclass(frozen=True)
@@ -372,10 +372,10 @@ def report_path(out_path: str | Path) -> Path:
 def write_report(report: list[Skipped], out_path: str | Path, what: str) -> None:
     from .io import write_csv
 
+    path = report_path(out_path)
     frame = pd.DataFrame([asdict(r) for r in report], columns=list(REPORT_COLUMNS))
-    write_csv(frame, report_path(out_path))
-    counts = frame["kind"].value_counts().to_dict()
-    log.info("%s: report %s: %s", what, report_path(out_path).name, counts or "nothing to report")
+    write_csv(frame, path)
+    log.info("%s: report %s: %s", what, path.name, frame["kind"].value_counts().to_dict() or "nothing to report")
 
 
 def write_candidates(frame: pd.DataFrame, out_path: str | Path) -> None:
