@@ -199,9 +199,8 @@ def _ablation(correct: pd.DataFrame, name: str, size: int, seed: int) -> pd.Data
 def _check_rows(table: pd.DataFrame, reasoning_generators: set[str], what: str) -> None:
     """The guard screening promises, checked on what is written: every row has code, and reasoning when its
     generator is a reasoning generator."""
-    blank_code = table["code"].fillna("").str.strip() == ""
-    blank_reasoning = (table["reasoning"].fillna("").str.strip() == "") & table["generator"].isin(reasoning_generators)
-    bad = table[blank_code | blank_reasoning]
+    no_reasoning = screening.blank(table["reasoning"]) & table["generator"].isin(reasoning_generators)
+    bad = table[screening.blank(table["code"]) | no_reasoning]
     if len(bad):
         raise AssertionError(f"curate: {what} row {bad['candidate_id'].iloc[0]!r} has no code or no reasoning")
 

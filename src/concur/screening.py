@@ -36,7 +36,8 @@ VERDICT_EXTRAS = ("trusted", "flags")
 REDUCED_PRECISION_FLAG = "precision:"
 
 
-def _blank(series: pd.Series) -> pd.Series:
+def blank(series: pd.Series) -> pd.Series:
+    """Empty or whitespace only (missing values included)."""
     return series.fillna("").astype(str).str.strip() == ""
 
 
@@ -46,9 +47,9 @@ def with_candidate_defaults(candidates: pd.DataFrame) -> pd.DataFrame:
     else empty; not truncated; tokenizer unknown (empty)."""
     out = candidates.copy()
     if "reasoning_source" not in out.columns:
-        out["reasoning_source"] = np.where(_blank(out["reasoning"]), "none", "tags")
+        out["reasoning_source"] = np.where(blank(out["reasoning"]), "none", "tags")
     if "code_source" not in out.columns:
-        out["code_source"] = np.where(_blank(out["code"]), "", "answer")
+        out["code_source"] = np.where(blank(out["code"]), "", "answer")
     if "truncated" not in out.columns:
         out["truncated"] = False
     if "truncation" not in out.columns:
@@ -77,7 +78,7 @@ def reasoning_generators(frame: pd.DataFrame) -> set[str]:
 
 def counts_as_correct(frame: pd.DataFrame) -> pd.Series:
     """THE correctness rule of curation and analysis: a trusted ``correct`` verdict on a candidate with code."""
-    return frame["correct"].astype(bool) & frame["trusted"].astype(bool) & ~_blank(frame["code"])
+    return frame["correct"].astype(bool) & frame["trusted"].astype(bool) & ~blank(frame["code"])
 
 
 def reduced_precision(frame: pd.DataFrame) -> pd.Series:
@@ -103,7 +104,7 @@ def screen(joined: pd.DataFrame, include_truncated: bool) -> Screened:
     """
     truncated = joined["truncated"].astype(bool)
     no_reasoning = joined["generator"].isin(reasoning_generators(joined)) & (
-        _blank(joined["reasoning"]) | (joined["reasoning_source"] == "none")
+        blank(joined["reasoning"]) | (joined["reasoning_source"] == "none")
     )
     untrusted = ~joined["trusted"].astype(bool)
     reason = pd.Series("", index=joined.index, dtype=object)
@@ -113,7 +114,7 @@ def screen(joined: pd.DataFrame, include_truncated: bool) -> Screened:
         reason = reason.mask(truncated, "truncated")
 
     kept = joined[reason == ""].copy()
-    no_code = _blank(kept["code"])
+    no_code = blank(kept["code"])
     verdict_correct = kept["correct"].astype(bool)
     kept["correct"] = counts_as_correct(kept)
     kept = kept.reset_index(drop=True)
