@@ -606,3 +606,54 @@ def test_throughput_benchmark_compares_packed_and_unpacked_on_random_weights(tok
     assert packed["rows"] < unpacked["rows"] == 8 and packed["steps_timed"] == unpacked["steps_timed"] == 2
     assert packed["target_tokens_per_step"] > unpacked["target_tokens_per_step"]  # 2 full rows vs 2 examples a step
     assert json.loads((tmp_path / "r.json").read_text())["results"] == report["results"]
+
+
+# --- the multi-GPU benchmark, its CPU parts -----------------------------------------------------------------------
+
+
+def _bench():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import train_distributed
+
+    return train_distributed
+
+
+def test_model_flops_per_token_by_hand():
+    bench = _bench()
+    config = {
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "vocab_size": 10,
+    }
+    # per layer: q, o 8x8 each; k, v 8x4 each; gate, up, down 8x16 each = 128 + 64 + 384; LM head 80
+    base = 2 * 576 + 80
+    # LoRA r=1 per layer: q, o (8+8) each, k, v (8+4) each, gate, up (8+16) each, down (16+8)
+    lora = 2 * (2 * 16 + 2 * 12 + 2 * 24 + 24)
+    # two records of 3 tokens: causal positions 1+2+3 = 6 each; forward 4 x layers x width, backward twice that
+    attention = 2 * (4 * 2 * 8 * 6 * 3) / 6
+    assert bench.model_flops_per_token(config, [3, 3], lora_r=1) == pytest.approx(4 * base + 6 * lora + attention)
+
+
+def test_distributed_benchmark_builds_a_model_and_runs_both_recipes_on_the_cpu(tokenizer, tmp_path):
+    bench = _bench()
+    tokenizer.save_pretrained(tmp_path / "tok")
+    model = bench.build_model("tiny", tmp_path / "tok", tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and (model / "model.safetensors.index.json").is_file()
+    runs = tmp_path / "runs.jsonl"
+    for recipe in ("ours", "plain"):
+        bench.main(
+            ["run", "--model", str(model), "--gpus", "1", "--recipe", recipe, "--min-tokens", "64",
+             "--max-tokens", "128", "--warmup", "1", "--steps", "1", "--workdir", str(tmp_path / recipe),
+             "--out", str(runs)]
+        )  # fmt: skip
+    results = [json.loads(line) for line in runs.read_text().splitlines()]
+    assert [r["recipe"] for r in results] == ["ours", "plain"]
+    for result in results:
+        assert result["steps_timed"] == 1 and result["tokens_per_s_per_gpu"] > 0
+        assert 64 * 2 * 0.9 <= result["tokens_per_step"] <= 128 * 2 * 1.1  # two records of 64-128 tokens a step
+    table = bench.table(results, peak=1.0)
+    assert table.count("\n") == 3 and "%" in table

@@ -26,6 +26,7 @@ LOG_KEYS = (
     "tokens_per_s",
     "input_tokens_per_s",
     "step_time_s",
+    "peak_memory_gib",
 )
 
 
@@ -51,7 +52,8 @@ class ConcurSFTTrainer(SFTTrainer):
     """SFTTrainer that adds token counts and throughput to each step's log (summed over all processes).
 
     `tokens`: target tokens trained on so far; `input_tokens`: all tokens the model read, padding excluded;
-    `padded_tokens`: positions processed, padding included; `*_per_s`: over the wall time of the step.
+    `padded_tokens`: positions processed, padding included; `*_per_s`: over the wall time of the step;
+    `peak_memory_gib`: the most GPU memory PyTorch's allocator held on any one process so far (CUDA only).
 
     `fused_loss` (set on CUDA): TRL's loss, through its fused LM head, which never builds the full logits of a long
     sequence (gigabytes for 20K tokens and a 150K vocabulary) but also computes entropy and top-1 accuracy for
@@ -102,6 +104,9 @@ class ConcurSFTTrainer(SFTTrainer):
             logs["tokens_per_s"] = round(step[0] / seconds, 3)
             logs["input_tokens_per_s"] = round(step[1] / seconds, 3)
             logs["step_time_s"] = round(seconds, 4)
+            if torch.cuda.is_available() and self._pending.is_cuda:
+                held = torch.tensor([torch.cuda.max_memory_reserved()], device=self._pending.device)
+                logs["peak_memory_gib"] = round(self.accelerator.gather(held).max().item() / 2**30, 3)
         super().log(logs, start_time)
 
 

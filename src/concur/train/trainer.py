@@ -62,6 +62,10 @@ def train_adapter(
         )
     device = _device(settings["gpus"])
     args = sft_config(settings, checkpoint_dir, on_cuda=device == "cuda")  # first: starts the distributed state
+    if args.world_size == 1 and args.n_gpu > 1:
+        # one process on a node where it sees several GPUs: train on the first, never nn.DataParallel over all
+        # (which TRL refuses); gpus > 1 is what spreads a job over GPUs
+        args._n_gpu = 1
     main_process = args.process_index == 0
     log_path = log_path if main_process else None
     with args.main_process_first(desc="checkpoints"):  # the main process clears stale checkpoints, then the others look

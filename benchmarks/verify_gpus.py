@@ -1,0 +1,77 @@
+"""Verification on 1, 2, ... GPUs of one node: the same builds verified with each GPU count, side by side in one run.
+
+    python benchmarks/verify_gpus.py --config CONFIG --candidates CANDS.parquet --tasks TASKS.parquet --gpus 1 2
+
+The candidates are compiled once (`concur compile`, the CPU pool), then `concur verify` checks and times them with
+CUDA_VISIBLE_DEVICES set to the first N GPUs (one referee a GPU, its turns exclusive on that GPU). The table gives
+the verify wall time, candidates per hour, the speedup over the first GPU count, and how many verdicts (status and
+correctness) match the first count's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def concur(*args: str, gpus: str | None = None) -> float:
+    """Run one `concur` step in a child process; its wall time in seconds."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "concur.cli", *args], check=True, env=env)
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--candidates", required=True)
+    parser.add_argument("--tasks", required=True)
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--workdir", default="results/bench/verify_gpus")
+    args = parser.parse_args(argv)
+
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    common = ["--config", args.config, "--candidates", args.candidates, "--tasks", args.tasks]
+    builds = work / "builds.parquet"
+    compile_s = concur("compile", *common, "--out", str(builds), "--workdir", str(work / "compile"))
+    print(f"compiled in {compile_s:.0f} s", flush=True)
+    rows, first = [], None
+    for count in args.gpus:
+        out = work / f"verified_{count}.parquet"
+        seconds = concur(
+            "verify",
+            *common,
+            "--builds",
+            str(builds),
+            "--out",
+            str(out),
+            "--workdir",
+            str(work / f"v{count}"),
+            gpus=",".join(str(i) for i in range(count)),
+        )
+        verdicts = pd.read_parquet(out).set_index("candidate_id")[["status", "correct"]]
+        first = verdicts if first is None else first
+        same = int((verdicts.reindex(first.index) == first).all(axis=1).sum())
+        rows.append((count, len(verdicts), seconds, same))
+        print(f"{count} GPU(s): {len(verdicts)} verdicts in {seconds:.0f} s", flush=True)
+    base = rows[0][2]
+    print("| GPUs | candidates | verify s | candidates/hour | vs first | verdicts as first |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for count, n, seconds, same in rows:
+        print(f"| {count} | {n} | {seconds:.0f} | {n / seconds * 3600:,.0f} | {base / seconds:.2f}x | {same}/{n} |")
+
+
+if __name__ == "__main__":
+    main()
