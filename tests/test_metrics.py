@@ -166,6 +166,13 @@ def test_score_model_without_correct_samples():
     assert set(table["model"]) == {"base", "tuned"}
 
 
+def test_an_unresolved_speedup_counts_as_correct_but_never_as_fast():
+    tuned = verdicts([("e/x", True, float("nan")), ("e/x", True, 3.0), ("e/z", False, float("nan"))])
+    r = row(score({"base": BASE, "tuned": tuned}, TASKS, SETTINGS), "tuned", "overall", "all")
+    assert r["exec"] == pytest.approx(2 / 3) and r["fast_0"] == pytest.approx(2 / 3)
+    assert r["fast_1"] == pytest.approx(1 / 3) and r["mean_speedup"] == pytest.approx(3.0)
+
+
 def test_score_unknown_task_is_an_error():
     with pytest.raises(ValueError, match="model 'base'.*'e/q'"):
         score({"base": verdicts([("e/q", True, 1.0)])}, TASKS, SETTINGS)

@@ -3,7 +3,8 @@
 
 Definitions, per model and group of tasks:
 * ``exec``: correct samples / all samples.
-* ``fast_{p}``: share of samples that are correct with speedup STRICTLY greater than p (fast_0: correct and > 0).
+* ``fast_{p}``: share of samples that are correct with speedup STRICTLY greater than p (fast_0: correct, a speedup
+  the clock could not resolve included).
 * ``pass@{k}`` / ``fast_{p}@{k}``: unbiased pass@k per task, averaged over tasks. A task with fewer than k
   samples has no pass@k estimate (NaN) and is left out of the mean; the mean is NaN when no task has k samples.
   The results table calls them Exec@k (pass@k of a correct kernel) and fast_1@k, as the paper does.
@@ -62,8 +63,8 @@ def _group_scores(frame: pd.DataFrame, pass_k, fast_p) -> dict:
 
     flags = frame[["task_id"]].assign(ok=correct)
     for p in fast_p:
-        # NaN > p is False, so an unmeasured speedup never counts as fast
-        flags[fast_name(p)] = correct & (speedup > p)
+        # NaN > p is False: an unmeasured speedup (timing:unresolved) never counts as fast, but as fast_0 (> 0)
+        flags[fast_name(p)] = correct & ((speedup > p) | ((p <= 0) & np.isnan(speedup)))
     per_task = flags.groupby("task_id").agg(n=("ok", "size"), **{col: (col, "sum") for col in flags.columns[1:]})
 
     for k in pass_k:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from concur import contracts
 from concur.io import write_parquet, write_text
-from concur.verify import checks, compiling, orchestrate
+from concur.verify import checks, compiling, orchestrate, timing
 from concur.verify import settings as verify_settings
 from concur.verify.orchestrate import Job, blank_verdict, cache_root_of, device_label, pre_verdict
 
@@ -274,7 +274,7 @@ def decide(facts: dict, job: Job, settings: dict, label: str) -> dict:
             new_median_ms=new["median_ms"],
             ref_best_ms=ref["best_ms"],
             new_best_ms=new["best_ms"],
-            speedup=ref[stat] / new[stat] if new[stat] > 0 else math.inf,
+            speedup=timing.speedup(ref, new, stat),
         )
         verdict["flags"] = ",".join(checks.flags(facts, verdict, settings, job.solution))
     elif settings["mode"] == "hardened" and facts.get("sandbox") == "none":

@@ -512,6 +512,8 @@ def flags(facts: dict, verdict: dict, settings: dict, source: str) -> list[str]:
         marks.append(precision)
     if (facts.get("timing") or {}).get("deferred"):
         marks.append("timing:deferred_work")
+    if not all((facts.get("timing") or {}).get(side, {}).get("resolved", True) for side in ("ref", "new")):
+        marks.append("timing:unresolved")  # no speedup was made (timing.speedup)
     profile = facts.get("profile") or {}
     if profile.get("device") == "cuda" and profile.get("names") == {}:
         marks.append("profiler_saw_no_kernels")

@@ -225,13 +225,14 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     forward, stages, handoffs, prepares, cpu_s, own = [], [], [], [], [], []
     billed: list[float] = []  # forward's batches per call, charged (charged below)
     timed = {"calls": 0, "mismatch": None, "mutated": []}
-    reference = timing.summary(plan["per_call"], plan["charged"])
+    resolve_ms = timing.resolvable_ms(task.jitter_ms)
+    reference = timing.summary(plan["per_call"], plan["charged"], calls, resolve_ms)
     steady = timing.per_call_times([1000.0 * s for s in facts.get("steady_call_s", [])], task.overhead_ms, 1)
     if referee.device == "cuda" and timing.slower_by_calls(steady, settings["timing_min_s"], reference["median_ms"]):
         facts["timed"] = {**timed, "settled_by": "correctness calls"}  # each checked whole, the pool stopped
         facts["timing"] = {
             "ref": reference,
-            "new": timing.summary(steady),
+            "new": timing.summary(steady, calls=1, resolve_ms=resolve_ms),
             "calls_per_batch": 1,
             "settled_by": "correctness calls",
             "per_call_ms": {"ref": plan["per_call"], "new": steady},
@@ -274,8 +275,9 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
         per_call = timing.per_call_times(forward, task.overhead_ms, calls)
         facts["timing"] = {
             "ref": reference,
-            "new": timing.summary(per_call, billed),  # every batch that ran, as the loop last charged them
+            "new": timing.summary(per_call, billed, calls, resolve_ms),  # every batch that ran, as last charged
             "calls_per_batch": calls,
+            "resolve_ms": resolve_ms,  # the least net time of a batch the clock resolves
             "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # forward, of every batch: for benchmarks
             "batch_ms": {  # the referee's clock readings of every batch, and the round trip taken off them
                 "ref": {key: plan[key] for key in ("forward", "stage", "handoff", "prepare")},

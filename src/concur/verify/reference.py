@@ -43,6 +43,7 @@ class TaskState:
         self.stochastic = True
         self.degenerate: list[str] | None = None  # the probe's answer, once per task
         self.call_ms = None
+        self.jitter_ms = timing.JITTER_FLOOR_MS  # how much the round trip of an empty batch varies
         self.calls = 1  # per timed batch (hardened)
         self.setup_s: dict[str, float] = {}  # where setting the task up went (benchmarks); emptied once reported
         self.has_double = None
@@ -155,8 +156,8 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
     samples = [ref_round(referee, task, [specs[0]])["go_ms"] for _ in range(3)]
     task.stochastic = stochastic(referee, task, specs[0])
     with referee.quiet():  # subtracted from every timed batch of the task
-        task.overhead_ms = overhead_ms(referee, task)
-    task.call_ms = max(timing.FLOOR_MS, sorted(samples)[1] - task.overhead_ms)
+        task.overhead_ms, task.jitter_ms = overhead_ms(referee, task)
+    task.call_ms = sorted(samples)[1] - task.overhead_ms  # at or below 0 for calls quicker than the round trip
     task.input_bytes = sum(exchange.nbytes(s) for s in specs[0])
     task.output_bytes = sum(exchange.nbytes(s) for s in exchange.output_layout(task.meta, 0))
     task.memory_mb = runner.memory_used_kb() // 1024
@@ -188,7 +189,7 @@ def batch_calls(referee, task: TaskState, specs: list[dict]) -> int:
     """Calls per timed batch, from the time per call of a batch of back-to-back calls: a single call's time carries
     launch and wake-up latency of its own, which sized the batches of one task anywhere from 11 to 21 calls."""
     sized = lambda call_ms: timing.batch_size(  # noqa: E731
-        call_ms, task.input_bytes, task.output_bytes, referee.arena_budget
+        call_ms, task.input_bytes, task.output_bytes, referee.arena_budget, timing.sized_ms(task.jitter_ms)
     )
     calls = sized(task.call_ms)
     if calls == 1:
@@ -225,11 +226,12 @@ def load_message(settings: dict, role: str, class_name: str, program, init: list
     }
 
 
-def overhead_ms(referee, task) -> float:
+def overhead_ms(referee, task) -> tuple[float, float]:
     """The round trip of an empty batch on the reference's process, after a flush as in a timed batch (on a GPU the
-    switch back to the contestant's context is part of it): subtracted from both sides."""
+    switch back to the contestant's context is part of it), subtracted from both sides; and its jitter
+    (timing.jitter_ms), which sets the shortest batch the clock resolves."""
     times = [ref_round(referee, task, [])["go_ms"] for _ in range(11)]
-    return sorted(times)[len(times) // 2]
+    return sorted(times)[len(times) // 2], timing.jitter_ms(times)
 
 
 def ref_round(referee, task, calls: list[list[dict]]) -> dict:
@@ -282,8 +284,9 @@ def timed_go(
     caches flushed, then `go` rung and sent, until the contestant rings back (or, without the doorbell, replies).
     On the CPU the runner's processes are stopped while it is written. Returns the reply (None where it is still to
     be read: see timed_round), `stage_ms` (writing and flush), `go_ms` (the rest: the batch's forward), the
-    runner's `cpu_s` during go, when `go` was sent and answered (`sent_at`, `replied_at`: the monotonic clock), and
-    whether the answer came on the doorbell (`rung`)."""
+    runner's `cpu_s` from before the writing (held through it on the CPU) to the answer, when `go` was sent and
+    answered (`sent_at`, `replied_at`: the monotonic clock), and whether the answer came on the doorbell (`rung`)."""
+    cpu = procs.cpu_seconds(runner.pid)  # off the clock: it walks the runner's process tree (tens of microseconds)
     held = referee.hold(runner)
     begin = time.perf_counter()
     try:
@@ -293,7 +296,6 @@ def timed_go(
     finally:
         referee.release(held)
     staged = time.perf_counter()
-    cpu = procs.cpu_seconds(runner.pid)
     sent = time.perf_counter()
     rung = runner.ring(doorbell.GO, doorbell.DONE, go, go.get("seeds"), "timing", n)
     reply = None if rung is not None else runner.collect("timing", timeout, spin=True)

@@ -15,6 +15,13 @@ shifted between a batch's forward and its copies is counted whole in that batch.
 `timing_min_s` (at least MIN_BATCHES batches); the candidate then replays the same batches, stopping early once it
 is clearly slower than eager, or not replaying them at all where its long correctness calls already show that
 (slower_by_calls). Speedup: the ratio of the two sides' quickest batches, per call (summary).
+
+Resolution. Nothing is floored: a batch's time is what the clock read less the round trip. The round trip varies
+from batch to batch (its jitter, measured on the reference's empty batches); B grows until a batch lasts at least
+SIZE_FACTOR times that jitter as well (the jitter at most 5 % of the reference's batch, and of a candidate's up to
+SIZE_FACTOR / RESOLVE_FACTOR times quicker). A side whose quickest batch still lasts less than RESOLVE_FACTOR
+jitters (calls too quick for the batch the arena allows, or a candidate far quicker than the reference on the same
+batches) is unresolved: its time is reported, no speedup is made from it, and the verdict says `timing:unresolved`.
 """
 
 from __future__ import annotations
@@ -24,16 +31,18 @@ import statistics
 
 MIN_BATCHES = 10
 MAX_BATCHES = 2000
-MAX_BATCH = 64
+MAX_BATCH = 4096  # calls; small tasks (KernelBook's run in microseconds) need thousands to outlast the jitter
 # What the host adds to a batch (the wake-up on the bell, the first launch, the answer) follows the pace of the
 # side's core, which on the H100 nodes measured changed in phases within and between processes; it is a smaller
 # share of a longer batch: 10 ms instead of 5 took one fast kernel's speedup CV over 8 runs from 3.4-4.3 % to
-# 0.8-2.2 % (benchmarks/README.md)
+# 0.8-2.2 % (CHANGELOG.md)
 TARGET_BATCH_MS = 10.0
 WARMUP_MIN_S = 0.05  # warm-up at least this long on the GPU, so its clocks have settled
 SLOWER_STOP = 3.0  # the candidate stops once its median per-call time exceeds this many times the reference's
 SLOWER_MIN_BATCHES = 3
-FLOOR_MS = 1e-6
+SIZE_FACTOR = 20.0  # batches are sized to last this many times the round trip's jitter
+RESOLVE_FACTOR = 4.0  # a batch shorter than this many jitters is unresolved: its error could pass 25 %
+JITTER_FLOOR_MS = 1e-3  # the least jitter assumed: the clock and the wake-up are never better than a microsecond
 DEFERRED_SHARE, DEFERRED_FLOOR_MS = 0.25, 0.02  # a hand-off this much slower than the reference's is flagged
 # What the referee's copies for the candidate (its inputs written, its outputs handed off) may take beyond the same
 # copies for the reference before the excess counts: medians of the same copy in two stretches of one run differ by
@@ -43,15 +52,36 @@ DEFERRED_SHARE, DEFERRED_FLOOR_MS = 0.25, 0.02  # a hand-off this much slower th
 COPY_SLACK = 0.05
 
 
-def batch_size(call_ms: float, input_bytes: int, output_bytes: int, budget_bytes: int) -> int:
-    """Calls per batch: enough for TARGET_BATCH_MS, within MAX_BATCH and the arena budget."""
-    wanted = math.ceil(TARGET_BATCH_MS / max(call_ms, 1e-4))
+def jitter_ms(round_trips_ms: list[float]) -> float:
+    """How much the round trip of an empty batch varies: the spread of its middle 60 % (at least JITTER_FLOOR_MS)."""
+    ordered = sorted(round_trips_ms)
+    if len(ordered) < 2:
+        return JITTER_FLOOR_MS
+    low, high = ordered[round(0.2 * (len(ordered) - 1))], ordered[round(0.8 * (len(ordered) - 1))]
+    return max(JITTER_FLOOR_MS, high - low)
+
+
+def resolvable_ms(jitter: float) -> float:
+    """The least net time of a batch the clock resolves."""
+    return RESOLVE_FACTOR * jitter
+
+
+def sized_ms(jitter: float) -> float:
+    """The least net time a batch is sized for."""
+    return SIZE_FACTOR * jitter
+
+
+def batch_size(call_ms: float, input_bytes: int, output_bytes: int, budget_bytes: int, resolve_ms: float = 0.0) -> int:
+    """Calls per batch: enough for TARGET_BATCH_MS and for the clock to resolve it (`resolve_ms`), within MAX_BATCH
+    and the arena budget. A call that read no time at all (`call_ms` <= 0) gets the most calls allowed."""
+    wanted = math.ceil(max(TARGET_BATCH_MS, resolve_ms) / max(call_ms, 1e-4))
     per_call = max(1, input_bytes + output_bytes)
     return int(max(1, min(wanted, MAX_BATCH, budget_bytes // per_call)))
 
 
 def per_call_ms(forward_ms: float, overhead_ms: float, calls: int) -> float:
-    return max(FLOOR_MS, (forward_ms - overhead_ms) / max(1, calls))
+    """A batch's time per call, the round trip taken off; not floored (at or below 0 where the clock read nothing)."""
+    return (forward_ms - overhead_ms) / max(1, calls)
 
 
 def per_call_times(forward_ms: list[float], overhead_ms: float, calls: int) -> list[float]:
@@ -111,16 +141,20 @@ def warm_already(call_s: list[float], budget_s: float) -> bool:
     return bool(call_s) and long_call(min(call_s), budget_s)
 
 
-def summary(per_call: list[float], charged_ms: list[float] | None = None) -> dict:
+def summary(
+    per_call: list[float], charged_ms: list[float] | None = None, calls: int = 1, resolve_ms: float = 0.0
+) -> dict:
     """Per-call times over the batches, each with its copies' excess (`charged_ms`, timing.charged): `best_ms`,
     the quickest batch, is the side's time (hardened): what the machine adds to a batch (a preempted or slowed
     core, a context switch, another process's copy) only ever lengthens it, and every call of every batch had its
     outputs checked, so no batch can be quick by leaving work out. Mean and median beside it; `copy_excess_ms`:
-    what the copies added to the quickest batch; cv: of the forward times."""
+    what the copies added to the quickest batch; cv: of the forward times; `resolved`: the quickest batch of
+    `calls` calls lasted at least `resolve_ms` (resolvable_ms), so its time is the clock's reading, not its noise."""
     charged_ms = charged_ms or per_call
     mean = statistics.fmean(per_call)
     best = min(range(len(charged_ms)), key=charged_ms.__getitem__)
     return {
+        "resolved": charged_ms[best] > 0 and charged_ms[best] * calls >= resolve_ms,
         "mean_ms": statistics.fmean(charged_ms),
         "median_ms": statistics.median(charged_ms),
         "best_ms": charged_ms[best],
@@ -144,8 +178,12 @@ def deferred(
     return excess > max(DEFERRED_SHARE * ref, 4 * spread, DEFERRED_FLOOR_MS, share)
 
 
-def speedup(reference: dict, candidate: dict) -> float:
-    return reference["best_ms"] / candidate["best_ms"] if candidate["best_ms"] > 0 else math.inf
+def speedup(reference: dict, candidate: dict, stat: str = "best_ms") -> float:
+    """reference / candidate time; NaN where either side's time is unresolved (summary): a time the clock could not
+    resolve is never a speedup."""
+    if not (reference.get("resolved", True) and candidate.get("resolved", True)) or candidate[stat] <= 0:
+        return math.nan
+    return reference[stat] / candidate[stat]
 
 
 def kernelbench_summary(times_ms: list[float]) -> dict:
