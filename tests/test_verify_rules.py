@@ -172,8 +172,45 @@ def test_trial_plan_matches_kernelbench_seeds():
 def test_batch_size_fills_a_few_milliseconds_within_memory():
     assert timing.batch_size(0.5, 1 << 20, 1 << 20, 1 << 30) == round(timing.TARGET_BATCH_MS / 0.5)
     assert timing.batch_size(2 * timing.TARGET_BATCH_MS, 1 << 20, 1 << 20, 1 << 30) == 1
-    assert timing.batch_size(0.001, 1 << 20, 1 << 20, 1 << 30) == timing.MAX_BATCH
+    assert timing.batch_size(0.001, 1 << 10, 1 << 10, 1 << 30) == timing.MAX_BATCH
     assert timing.batch_size(0.1, 1 << 29, 1 << 29, 1 << 30) == 1  # memory first
+
+
+def test_batches_grow_until_the_clock_resolves_them():
+    # a 5 us call: TARGET_BATCH_MS alone asks 2,000 calls; a jittery round trip (1.6 ms between the 20th and 80th
+    # percentile) asks SIZE_FACTOR x 1.6 ms = 32 ms of work, 6,400 calls, held to MAX_BATCH
+    assert timing.batch_size(0.005, 4096, 4096, 1 << 34) == 2000
+    jitter = timing.jitter_ms([1.0, 1.0, 1.5, 2.0, 2.5, 3.0, 3.0, 3.0, 3.1, 3.2, 9.0])
+    assert jitter == pytest.approx(3.1 - 1.5)
+    assert timing.batch_size(0.005, 4096, 4096, 1 << 34, timing.sized_ms(jitter)) == timing.MAX_BATCH
+    assert timing.jitter_ms([0.2] * 11) == timing.JITTER_FLOOR_MS  # never below the clock's own floor
+
+
+def test_a_time_the_clock_cannot_resolve_is_never_a_speedup():
+    resolve = timing.resolvable_ms(0.05)  # 0.2 ms: 4 jitters of 0.05 ms
+    # the reference: batches of 64 calls of 0.01 ms, 0.64 ms net each: resolved
+    reference = timing.summary([0.01] * 10, calls=64, resolve_ms=resolve)
+    assert reference["resolved"]
+    # nothing left after the round trip: read as zero or below, not floored to a tiny positive time
+    zero = timing.summary(timing.per_call_times([0.50, 0.49, 0.51], overhead_ms=0.5, calls=64), calls=64)
+    assert not zero["resolved"] and zero["best_ms"] <= 0
+    assert math.isnan(timing.speedup(reference, zero))
+    # a candidate 1,000x quicker on the same batches: 0.64 us a batch, under the clock's resolution
+    quick = timing.summary([1e-5] * 10, calls=64, resolve_ms=resolve)
+    assert not quick["resolved"] and math.isnan(timing.speedup(reference, quick))
+    # an honest 4x kernel on the same batches: 0.16 ms a batch... under 0.2 ms: unresolved too, unless batches grow
+    assert not timing.summary([0.0025] * 10, calls=64, resolve_ms=resolve)["resolved"]
+    honest = timing.summary([0.0025] * 10, calls=256, resolve_ms=resolve)  # the batch sized for the reference
+    assert honest["resolved"] and timing.speedup(reference, honest) == pytest.approx(4.0)
+
+
+def test_an_unresolved_time_is_flagged_on_the_verdict():
+    facts = {"timing": {"ref": {"resolved": True}, "new": {"resolved": False}}}
+    settings = {"audit_speedup": 10.0, "mode": "hardened"}
+    marks = checks.flags(facts, {"speedup": math.nan}, settings, "")
+    assert "timing:unresolved" in marks and not any(m.startswith("audit:") for m in marks)
+    facts["timing"]["new"]["resolved"] = True
+    assert "timing:unresolved" not in checks.flags(facts, {"speedup": 2.0}, settings, "")
 
 
 def test_work_deferred_to_the_hand_off_is_counted():
@@ -569,7 +606,8 @@ def test_the_pool_stands_still_while_a_side_is_timed():
     children = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
     judged = subprocess.Popen(["sleep", "30"])
     dying = SimpleNamespace(kill=judged.kill, end=judged.wait)
-    referee = SimpleNamespace(pool=[SimpleNamespace(pid=c.pid) for c in children], ending=[])
+    referee = SimpleNamespace(pool=[SimpleNamespace(pid=c.pid) for c in children], ending=[], guard=lambda: None)
+    referee.zygote = SimpleNamespace(clear_leftovers=lambda: [])  # no zygote here: nothing left behind
     referee.settle = lambda: Referee.settle(referee)
     try:
         Referee.dismiss(referee, dying)

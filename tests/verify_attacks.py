@@ -190,11 +190,11 @@ vars(time)["monotonic"] = lambda: 0.0
         "_calls[0] += 1\nif _calls[0] > 10:\n    return ext.noop(torch.zeros_like(x))\n"
         "return ext.relu_add(x, y, self.scale)",
     ),
-    # honest except for one call deep in the timed batches: a quickest batch would set its time, so it skips the
-    # work of one call there, betting on that call's outputs not being among the few read on the clock
+    # honest except for one call in a thousand, deep in the timed batches whatever their size: a quickest batch would
+    # set its time, so it skips the work of that call, betting on its outputs not being among the few read on the clock
     "one_lazy_call": (
         "_calls = [0]\n",
-        "_calls[0] += 1\nif _calls[0] == 300:\n    return ext.noop(torch.zeros_like(x))\n"
+        "_calls[0] += 1\nif _calls[0] % 1000 == 500:\n    return ext.noop(torch.zeros_like(x))\n"
         "return ext.relu_add(x, y, self.scale)",
     ),
     # an output whose values are computed when something reads them
@@ -297,7 +297,7 @@ def _judges():
         with contextlib.suppress(OSError):
             if entry.isdigit() and b"concur" in open(f"/proc/{entry}/cmdline", "rb").read():
                 pids.add(int(entry))
-    return pids - {os.getpid()}
+    return pids - {os.getpid(), int(os.readlink("/proc/self"))}  # its own pid, inside a PID namespace too
 def _snoop():
     got = 0
     for pid in _judges():

@@ -124,7 +124,7 @@ def build(
         if trusted
         else {
             "write": [str(entry), str(scratch)],
-            "read": [str(cache_root)],
+            "read": [str(cache_root / "pch")],  # its own entry and the shared PCHs: never another candidate's
             "hidden": [str(cache_root), str(scratch.parent)],
             "devices": False,
         }

@@ -16,7 +16,7 @@ import os
 import time
 import traceback
 
-from concur.verify import doorbell, exchange
+from concur.verify import doorbell, exchange, sandbox
 from concur.verify.build import ExtensionLoader, describe, exec_program, one_line
 
 L2_THRASH_BYTES = 256 << 20  # KernelBench's cold-cache fill before each timed trial
@@ -97,6 +97,7 @@ class Contestant:
         if msg.get("fixed_backend"):
             fix_backend()
         self.cast = exchange.dtype_of(msg["cast"]) if msg.get("cast") else None
+        self.own_build(msg.get("build_dir"))
         self.loader = ExtensionLoader(msg.get("build_dir") or os.getcwd(), allow_build=False)
         self.loader.install()
         facts = {"ok": False, "has_class": False, "syntax_error": False}
@@ -132,6 +133,15 @@ class Contestant:
             "init_s": time.perf_counter() - start,
             "counted_modules": self.loader.counted_modules,
         }
+
+    def own_build(self, build_dir: str | None) -> None:
+        """Before any program runs here: the build cache and the verifier's work tree readable no more but for this
+        process's own folder and its own build (a second Landlock layer: the process was forked, sandboxed, before
+        its job was known, and its first layer still reads the whole cache, other candidates' sources included)."""
+        box = self.spec.get("sandbox")
+        if self.sandbox != "landlock" or not box:
+            return
+        sandbox.confine_reads([*box["write"], *([build_dir] if build_dir else [])], box["around"])
 
     def arena(self, msg: dict, fds: list[int]) -> dict:
         old = self.arenas.pop(msg["slot"], None)

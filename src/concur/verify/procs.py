@@ -2,9 +2,11 @@
 
 A zygote (`python -m concur.verify.zygote`) imports torch once and never touches CUDA; it forks one child per
 request, each in a session of its own, dying with the zygote, sandboxed (concur.verify.sandbox) before any
-candidate code runs, and talking to its requester over a socket of its own that the zygote hands back. The zygote
-is a subreaper: whatever a child leaves behind (a double fork) is reparented to it and killed with the child.
-Stdlib only.
+candidate code runs, and talking to its requester over a socket of its own that the zygote hands back. A sandboxed
+child runs in a PID namespace of its own where the kernel allows it (the namespace, and everything in it, ends with
+it); either way the child is a subreaper of its own descendants and the zygote of its children's, and a child is
+killed with its whole process tree (`kill_tree`), however its processes detached. The CPU time, memory and process
+count of a child are those of its whole tree. Stdlib only.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ class Zygote:
         self.spawned: dict[int, queue.Queue] = {}
         self.exits: dict[int, queue.Queue] = {}
         self.ended: dict[int, int] = {}  # pid -> exit code, once reported
+        self.live: set[int] = set()  # children spawned whose exit is not reported yet
         threading.Thread(target=self._read, daemon=True).start()
 
     def alive(self) -> bool:
@@ -150,6 +153,9 @@ class Zygote:
         finally:
             with self.lock:
                 self.spawned.pop(ref, None)
+        with self.lock:
+            if pid not in self.ended:
+                self.live.add(pid)
         return pid, Channel(socket.socket(fileno=fd))
 
     def kill(self, pid: int) -> None:
@@ -172,7 +178,33 @@ class Zygote:
         with self.lock:
             self.exits.pop(pid, None)
             self.ended[pid] = code
+            self.live.discard(pid)
+        forget(pid)
         return code
+
+    def leftovers(self) -> list[int]:
+        """Processes under the zygote that belong to no child still running (nor to the first process of its PID
+        namespace, where it has one): what an ended child left behind."""
+        with self.lock:
+            live = set(self.live)
+        keep = set(live)
+        for pid in live:
+            keep.update(tree(pid))
+            stat = _stat(str(pid))
+            if stat and int(stat[1]) != self.proc.pid:
+                keep.add(int(stat[1]))  # the init of the child's PID namespace
+        return [pid for pid in tree(self.proc.pid) if pid not in keep and alive(pid)]
+
+    def clear_leftovers(self, wait_s: float = 2.0) -> list[int]:
+        """Kill every leftover (`leftovers`) with its tree; returns those still alive after `wait_s` (none, unless
+        one cannot be killed: nothing may be timed beside it)."""
+        end = time.monotonic() + wait_s
+        while True:
+            left = self.leftovers()
+            if not left or time.monotonic() > end:
+                return left
+            for pid in left:
+                kill_tree(pid, max(0.05, end - time.monotonic()))
 
     def end(self, pid: int, timeout: float = 30.0) -> int | None:
         """Kill a child and wait until it is gone (a GPU context is released only then)."""
@@ -205,6 +237,8 @@ class Zygote:
                     continue
                 target.put((message["pid"], fds[0]))
             elif message.get("op") == "exit":
+                with self.lock:
+                    self.live.discard(message["pid"])
                 self._exit_queue(message["pid"]).put(message["code"])
 
 
@@ -291,6 +325,40 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    stat = _stat(str(pid))
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def kill_tree(root: int, wait_s: float = 2.0) -> list[int]:
+    """SIGKILL a process and every descendant, however it detached (a new session or process group, a double fork:
+    orphans stay in the tree, the sandboxed child and the zygote being subreapers). The tree is frozen first
+    (SIGSTOP, again for whatever was forked meanwhile), so that nothing forks or is reparented out of it while it is
+    killed; then all of it is killed, again until none is left. Returns those still alive after `wait_s`."""
+    end = time.monotonic() + wait_s
+    while True:
+        frozen: list[int] = []
+        while True:  # a stopped process does not fork: walk until the tree stops growing
+            fresh = [pid for pid in [root, *tree(root)] if pid not in frozen and alive(pid)]
+            if not fresh:
+                break
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+            frozen += fresh
+            if time.monotonic() > end:
+                break
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        while time.monotonic() < end and any(alive(pid) for pid in frozen):
+            time.sleep(0.001)
+        left = [pid for pid in [root, *tree(root)] if alive(pid)]
+        if not left or time.monotonic() > end:
+            return left
 
 
 def children_of(pid: int) -> list[int]:
@@ -390,16 +458,18 @@ def _stat(pid: str) -> list[str] | None:
 
 
 def session_usage(sid: int) -> tuple[int, int]:
-    """(processes, memory KB) of the session `sid`, read from /proc.
+    """(processes, memory KB) of the process `sid`: its session and its whole tree (a process in a session of its
+    own is still a descendant), read from /proc.
 
     Memory is the proportional set size: forked children share their parent's pages, and summing resident sizes
     would count those pages once per child."""
     processes = memory_kb = 0
+    members = set(tree(sid))
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         stat = _stat(entry.name)
-        if not stat or int(stat[3]) != sid:
+        if not stat or (int(stat[3]) != sid and int(entry.name) not in members):
             continue
         processes += 1
         memory_kb += pss_kb(entry.name, int(stat[21]))
@@ -418,7 +488,39 @@ def move_threads(pid: int, cpus: list[int]) -> None:
         pass
 
 
+# per process read by cpu_seconds: its descendants ever seen, by (pid, start time), and the CPU time last read of each
+_SEEN: dict[int, dict[tuple[int, str], float]] = {}
+
+
 def cpu_seconds(pid: int) -> float:
+    """CPU time of a process and of everything it started: all its threads (exited ones too), the children it reaped
+    (its cutime and cstime), and every descendant ever seen here, however detached, with its own reaped children,
+    by the last reading of each (one that exited keeps it). A helper process doing part of the work counts as the
+    process's own. The process's own time is read on its CPU-time clock, to the nanosecond; its descendants' on
+    theirs; reaped children's in clock ticks. A child that both starts and ends between two readings counts only
+    where its parent reaped it (a parent that ignores SIGCHLD discards those times: see docs/verifier.md)."""
+    total = own_cpu_seconds(pid) + reaped_seconds(str(pid))
+    seen = _SEEN.setdefault(pid, {})
+    for child in tree(pid):
+        stat = _stat(str(child))
+        if stat is None:
+            continue
+        key = (child, stat[19])
+        seen[key] = max(seen.get(key, 0.0), own_cpu_seconds(child) + reaped_seconds(str(child)))
+    return total + sum(seen.values())
+
+
+def forget(pid: int) -> None:
+    """Drop what cpu_seconds remembers of a process that ended."""
+    _SEEN.pop(pid, None)
+
+
+def reaped_seconds(pid: str) -> float:
+    stat = _stat(pid)
+    return (int(stat[13]) + int(stat[14])) * cpu_tick_s() if stat else 0.0
+
+
+def own_cpu_seconds(pid: int) -> float:
     """CPU time of a process, all its threads together (exited ones too): its CPU-time clock, to the nanosecond,
     else /proc in clock ticks. Ticks are too coarse for windows of milliseconds: summed over 20 such windows, their
     rounding alone read a one-thread loop as 1.9 cores."""

@@ -6,7 +6,9 @@ reference and the candidate each run in a contestant process (concur.verify.cont
 sandboxed, on views of arenas it owns. It draws every input itself (on the device, from seeds only it knows in
 hardened mode), keeps the reference's outputs and its private copy of the inputs, compares, and times both models
 with its own clock (concur.verify.timing). The reference is timed before the candidate's module is even loaded; a
-candidate process is killed as its job ends, and gone before another contestant is taken or anything is timed.
+candidate process is killed as its job ends, and gone, with every process it started, before another contestant is
+taken or anything is timed: a leftover that cannot be killed fails the job instead (`settle`), and so does a
+scheduling change to the judging processes that cannot be undone (`guard`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Referee:
         self.active, self.spare = split_cores(hello.get("cpus"), self.threads)
         if self.active:  # this process and the contestant being judged never share cores with starting ones
             os.sched_setaffinity(0, self.active)
+        self.cores, self.nice = os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0)
         self.profiler = bool(hello.get("profiler", False))  # hardened jobs on CUDA profile their candidates
         # every contestant profiles (hardened): the profiler's imports are made once, in the zygote
         zygote_env = {
@@ -57,6 +60,10 @@ class Referee:
         }
         if self.spare:
             zygote_env["CONCUR_CPUS"] = ",".join(map(str, self.spare))
+        if self.device == "cuda":
+            # contestants open the referee's arenas through legacy CUDA IPC, not yet run across PID namespaces on a
+            # GPU: there the subreaper's tree kill and the judges' guard hold instead (docs/verifier.md, Processes)
+            zygote_env["CONCUR_NO_PIDNS"] = "1"
         self.zygote = procs.Zygote(str(self.workdir / "zygote.log"), env=zygote_env)
         import torch
 
@@ -124,8 +131,35 @@ class Referee:
         self.ending.append(runner)
 
     def settle(self) -> None:
+        """Every dismissed contestant gone, and every process one left behind (none survives its contestant where
+        PID namespaces are allowed; elsewhere the zygote kills its tree): nothing is timed beside a leftover. One
+        that cannot be killed fails the job, and so does any job while it lives. Then `guard`."""
         while self.ending:
             self.ending.pop().end()
+        left = self.zygote.clear_leftovers()
+        if left:
+            raise RuntimeError(f"processes left by an earlier candidate could not be killed ({left}): not timed")
+        self.guard()
+
+    def guard(self) -> None:
+        """The judging processes' scheduling as it was set: this process's cores and nice value on each of its
+        threads, and the nice value of the task's reference. A candidate in a PID namespace cannot name them;
+        elsewhere (same user) it could re-nice or pin them. Cores are set back; a nice value raised by someone
+        else cannot be lowered again without privilege, so the job fails rather than time beside it."""
+        runners = [self.task.runner] if self.task is not None and getattr(self.task, "runner", None) else []
+        changed = []
+        for pid in [os.getpid(), *[r.pid for r in runners if r.pid]]:
+            for tid in threads_of(pid):
+                with contextlib.suppress(OSError):
+                    if pid == os.getpid() and os.sched_getaffinity(tid) != self.cores:
+                        os.sched_setaffinity(tid, self.cores)
+                    if os.getpriority(os.PRIO_PROCESS, tid) != self.nice:
+                        try:
+                            os.setpriority(os.PRIO_PROCESS, tid, self.nice)
+                        except OSError:
+                            changed.append(tid)
+        if changed:
+            raise RuntimeError(f"the judging processes were re-niced (threads {changed}) and cannot be set back")
 
     def take(self, memory_mb: int, max_processes: int) -> Runner:
         self.settle()
@@ -252,12 +286,20 @@ class Referee:
         return evaluation.evaluate(self, job)
 
     def close(self) -> None:
-        self.settle()
+        with contextlib.suppress(RuntimeError):
+            self.settle()
         if self.task is not None:
             self.task.close()
         for runner in self.pool:
             runner.end()
         self.zygote.close()
+
+
+def threads_of(pid: int) -> list[int]:
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
 
 
 @contextlib.contextmanager

@@ -18,6 +18,9 @@ from pathlib import Path
 
 _SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446  # the same numbers on x86_64 and aarch64
 _PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE, _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 38, 4, 1, 36
+_PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+_CAP_SYS_NICE, _CAP_VERSION_3 = 23, 0x20080522
+_CLONE_NEWPID = 0x20000000
 _RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
 
 # filesystem rights by the ABI version that introduced them
@@ -106,11 +109,13 @@ def readable_around(hidden: list[str]) -> list[str]:
     return granted
 
 
-def confine(write: list[str], read: list[str], hidden: list[str], devices: bool) -> str:
+def confine(
+    write: list[str], read: list[str], hidden: list[str], devices: bool, around: list[str] | None = None
+) -> str:
     """Apply the Landlock sandbox to this process (irreversible; inherited by its children).
 
-    write: folders it may change; read: paths inside `hidden` it may still read; hidden: trees it may not see.
-    Returns "landlock" or "none" (no Landlock here)."""
+    write: folders it may change; read: paths inside `hidden` it may still read; hidden: trees it may not see;
+    around: readable_around(hidden), when computed already. Returns "landlock" or "none" (no Landlock here)."""
     abi = landlock_abi()
     if abi < 1:
         return "none"
@@ -122,7 +127,7 @@ def confine(write: list[str], read: list[str], hidden: list[str], devices: bool)
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
         read_rights = _EXECUTE | _READ_FILE | _READ_DIR
-        for path in readable_around(hidden) + list(read):
+        for path in (readable_around(hidden) if around is None else around) + list(read):
             _add_path(ruleset, path, read_rights, handled)
         # CUDA's initialisation names its threads through /proc/self/task/<tid>/comm: the process's own threads only
         for path in [*write, "/proc/self/task"]:
@@ -141,13 +146,96 @@ def confine(write: list[str], read: list[str], hidden: list[str], devices: bool)
     return "landlock"
 
 
+def confine_reads(read: list[str], around: list[str]) -> bool:
+    """One more Landlock layer, on reads alone: only `around` (readable_around of the hidden trees, computed before
+    the first layer, which hides the folders on the way to them) and `read` stay readable (a process already confined
+    keeps its first layer's rules: a layer only ever takes rights away). A contestant forked before its job is known
+    adds it as it loads its program, for its own build. False without Landlock."""
+    abi = landlock_abi()
+    if abi < 1:
+        return False
+    handled = _EXECUTE | _READ_FILE | _READ_DIR
+    attr = ctypes.c_uint64(handled)
+    ruleset = _syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        for path in list(around) + list(read):
+            _add_path(ruleset, path, handled, handled)
+        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        if _syscall(_SYS_RESTRICT, ruleset, ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+    return True
+
+
+class PidNamespaces:
+    """Children forked into PID namespaces of their own (root, or CAP_SYS_ADMIN): a sandboxed child then sees no
+    process outside its namespace, so it cannot name one to re-nice, re-prioritise or pin it (ESRCH), and when the
+    namespace's first process ends the kernel kills every process left in it, however it detached.
+
+    `enter()` before a fork puts the next child into a new namespace (False where the kernel refuses: unprivileged,
+    or namespaces disabled); `leave()` after it puts later children back into this process's own."""
+
+    def __init__(self):
+        try:
+            self.own: int | None = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.own = None
+
+    def enter(self) -> bool:
+        if self.own is None:
+            return False
+        if _libc.unshare(_CLONE_NEWPID) != 0:
+            os.close(self.own)
+            self.own = None  # not allowed here: never asked again
+            return False
+        return True
+
+    def leave(self) -> None:
+        if _libc.setns(self.own, _CLONE_NEWPID) != 0:
+            raise OSError(ctypes.get_errno(), "setns(CLONE_NEWPID)")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def keep_scheduling() -> None:
+    """No raising of its own priority: no lower nice value, no real-time policy (RLIMIT_NICE and RLIMIT_RTPRIO at
+    0, and CAP_SYS_NICE dropped where it ran as root, which would also let it re-nice or pin any process). Raising
+    its nice value and choosing its own threads' cores stay allowed (OpenMP and CUDA pin their own threads)."""
+    for limit in (resource.RLIMIT_NICE, resource.RLIMIT_RTPRIO):
+        resource.setrlimit(limit, (0, 0))
+    _libc.prctl(_PR_CAPBSET_DROP, _CAP_SYS_NICE, 0, 0, 0)  # fails without CAP_SETPCAP: then it has no caps to drop
+    _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
+    if _libc.capget(ctypes.byref(header), data) != 0:
+        return
+    word, bit = divmod(_CAP_SYS_NICE, 32)
+    if not (data[word].effective | data[word].permitted | data[word].inheritable) & (1 << bit):
+        return
+    for field in ("effective", "permitted", "inheritable"):
+        setattr(data[word], field, getattr(data[word], field) & ~(1 << bit))
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
 def die_with_parent() -> None:
     """SIGKILL this process when the thread that forked it ends (call right after fork, from a main loop)."""
     _libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
 
 
 def become_subreaper() -> None:
-    """Orphaned descendants (a candidate's double fork) are reparented here, where they can be found and killed."""
+    """Orphaned descendants (a candidate's double fork) are reparented here, where they can be found and killed:
+    the zygote for what its children leave, and each sandboxed child for what its own descendants leave, so that
+    the child's process tree holds everything it started while it lives (procs.tree)."""
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 

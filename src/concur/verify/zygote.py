@@ -1,9 +1,17 @@
 """The zygote: `python -m concur.verify.zygote <fd>` forks sandboxed children on request (see concur.verify.procs).
 
 Requests on the control socket: {"op": "spawn", "ref", "spec"} forks a child and answers {"op": "spawned", "ref",
-"pid"} with the parent's end of the child's own socket; {"op": "kill", "pid"} kills a child's session and every
-orphan adopted here; each exit is reported as {"op": "exit", "pid", "code"}. At EOF (the requester died) every
-child is killed and the zygote exits.
+"pid"} with the parent's end of the child's own socket; {"op": "kill", "pid"} kills a child's whole process tree
+and every orphan adopted here, each with its tree; each exit is reported as {"op": "exit", "pid", "code"}. At EOF
+(the requester died) every child is killed and the zygote exits.
+
+A sandboxed child is forked into a PID namespace of its own where the kernel allows it (root or CAP_SYS_ADMIN;
+`CONCUR_NO_PIDNS` turns it off): the namespace's first process is a small reaper forked from here, and the child
+(the builder or contestant, the pid the requester knows) its only child. Processes of the namespace see no process
+outside it, so they cannot re-nice, re-prioritise or pin one (ESRCH), and when the child ends its reaper exits and
+the kernel kills everything left in the namespace. Elsewhere the child is a subreaper of its own descendants and the
+zygote kills its whole tree (procs.kill_tree). A sandboxed child cannot raise its own priority either
+(sandbox.keep_scheduling).
 
 A child's spec: role (contestant | builder | trusted), cwd, env, log, sandbox ({write, read, hidden, devices} or
 null for trusted work), limits ({address_space_mb}).
@@ -13,7 +21,6 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import socket
 import sys
 import time
@@ -35,8 +42,9 @@ def main(fd: int) -> int:
 
     sandbox.hide_memory()
     sandbox.become_subreaper()
+    namespaces = None if os.environ.get("CONCUR_NO_PIDNS") else sandbox.PidNamespaces()
     control = procs.Channel(socket.socket(fileno=fd))
-    known: set[int] = set()
+    known: dict[int, int] = {}  # the pid waited for (a child, or its namespace's reaper) -> the child's pid
     last_sweep = 0.0
     while True:
         if select.select([control], [], [], 0.05)[0]:
@@ -47,35 +55,37 @@ def main(fd: int) -> int:
             for extra in fds:
                 os.close(extra)
             if message.get("op") == "spawn":
-                pid, parent_end = fork_child(message["spec"], control)
-                known.add(pid)
+                waited, pid, parent_end = fork_child(message["spec"], control, namespaces)
+                known[waited] = pid
                 control.send({"op": "spawned", "ref": message["ref"], "pid": pid}, [parent_end.fileno()])
                 parent_end.close()
             elif message.get("op") == "kill":
-                procs._kill_group(int(message["pid"]))
+                pid = int(message["pid"])
+                procs._kill_group(pid)
+                for waited in [w for w, p in known.items() if p == pid]:
+                    procs.kill_tree(waited, 1.0)
                 sweep(known)
-        for pid, code in reap():
-            if pid in known:
-                known.discard(pid)
+        for waited, code in reap():
+            if waited in known:
+                pid = known.pop(waited)
+                if waited != pid and code > 128:  # the reaper exits with 128 + the signal that ended the child
+                    code = 128 - code
                 control.send({"op": "exit", "pid": pid, "code": code})
         if time.monotonic() - last_sweep > SWEEP_S:
             sweep(known)
             last_sweep = time.monotonic()
-    for pid in list(known):
-        procs._kill_group(pid)
-    sweep(set())
+    for waited in list(known):
+        procs.kill_tree(waited, 1.0)
+    sweep({})
     return 0
 
 
-def sweep(known: set[int]) -> None:
-    """Kill every child of this process that it did not fork itself: orphans a child left behind."""
-    for pid in procs.children_of(os.getpid()):
-        if pid not in known:
-            procs._kill_group(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+def sweep(known: dict[int, int]) -> None:
+    """Kill every child of this process that it did not fork itself, with its whole tree: orphans a child left
+    behind (the zygote is their subreaper), however they detached."""
+    for pid in procs.descendants(os.getpid()):
+        if pid not in known and procs.alive(pid):
+            procs.kill_tree(pid, 1.0)
 
 
 def reap() -> list[tuple[int, int]]:
@@ -90,17 +100,33 @@ def reap() -> list[tuple[int, int]]:
         ended.append((pid, -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)))
 
 
-def fork_child(spec: dict, control: procs.Channel) -> tuple[int, socket.socket]:
+def fork_child(spec: dict, control: procs.Channel, namespaces) -> tuple[int, int, socket.socket]:
+    """Fork a child for `spec`: (the pid to wait for, the child's pid, the parent's end of its socket). A sandboxed
+    child goes into a PID namespace of its own where `namespaces` can make one (see the module docstring): the pid
+    waited for is then its namespace's reaper."""
     parent_end, child_end = socket.socketpair()
     zygote = os.getpid()
-    pid = os.fork()
+    isolated = spec.get("sandbox") is not None and namespaces is not None and namespaces.enter()
+    pid = -1
+    try:
+        pid = os.fork()
+    finally:
+        if isolated and pid != 0:  # in the parent: its later children back in its own namespace
+            namespaces.leave()
     if pid == 0:
         code = 1
         try:
-            os.setsid()
             sandbox.die_with_parent()
-            if os.getppid() != zygote:
+            if isolated:  # the namespace's first process: the reaper; the child is its only child
+                worker = os.fork()
+                if worker != 0:
+                    os.closerange(3, 1 << 16)
+                    code = reap_namespace(worker)
+                    os._exit(code)
+                sandbox.die_with_parent()
+            elif os.getppid() != zygote:
                 os._exit(1)
+            os.setsid()
             parent_end.close()
             control.sock.detach()
             code = start_child(spec, child_end) or 0
@@ -111,7 +137,32 @@ def fork_child(spec: dict, control: procs.Channel) -> tuple[int, socket.socket]:
             sys.stderr.flush()
             os._exit(code)
     child_end.close()
-    return pid, parent_end
+    return pid, worker_of(pid) if isolated else pid, parent_end
+
+
+def worker_of(reaper: int, wait_s: float = 10.0) -> int:
+    """The child a namespace's reaper forked (its pid as this process sees it)."""
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        children = procs.descendants(reaper)
+        if children:
+            return children[0]
+        time.sleep(0.0005)
+    return reaper
+
+
+def reap_namespace(worker: int) -> int:
+    """The reaper of a child's PID namespace: reap whatever is orphaned in it until the child ends, then exit with
+    the child's exit code, or 128 + the signal that killed it; the kernel then kills whatever is left there."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return 1
+        except InterruptedError:
+            continue
+        if pid == worker:
+            return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def start_child(spec: dict, sock: socket.socket) -> int:
@@ -128,10 +179,13 @@ def start_child(spec: dict, sock: socket.socket) -> int:
     os.environ.clear()
     os.environ.update(spec["env"])
     sandbox.limit_resources((spec.get("limits") or {}).get("address_space_mb"))
+    sandbox.become_subreaper()  # whatever its descendants orphan stays in its tree, to be counted and killed with it
     confined = "off"
     if spec.get("sandbox") is not None:
+        sandbox.keep_scheduling()
         box = spec["sandbox"]
-        confined = sandbox.confine(box["write"], box["read"], box["hidden"], box["devices"])
+        box["around"] = sandbox.readable_around(box["hidden"])  # kept for a later layer (contestant.own_build)
+        confined = sandbox.confine(box["write"], box["read"], box["hidden"], box["devices"], box["around"])
     channel = procs.Channel(socket.socket(fileno=3))
     _allow_cuda_after_fork()
     if spec["role"] == "contestant":

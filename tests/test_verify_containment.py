@@ -1,0 +1,303 @@
+"""Containment across processes (CPU, no GPU): what a build child or contestant starts dies with it, cannot touch
+the judges' scheduling, counts in its CPU time, and reads only its own build.
+
+Each attack runs at import in a real sandboxed builder child of a real zygote (no extension is built: a few seconds
+each), once in a PID namespace of its own and once without (`CONCUR_NO_PIDNS`, the fallback where the kernel
+refuses namespaces); each has an honest twin that must keep working.
+"""
+
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from concur.verify import compiling, procs, sandbox
+from concur.verify.orchestrate import trusted_env
+
+SETTINGS = {"device": "cpu", "timeout_s": 60, "memory_limit_mb": 8192, "max_processes": 64}
+LANDLOCK = sandbox.landlock_abi() >= 1
+
+
+def pid_namespaces_allowed() -> bool:
+    spaces = sandbox.PidNamespaces()
+    if not spaces.enter():
+        return False
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    spaces.leave()
+    os.waitpid(pid, 0)
+    return True
+
+
+PIDNS = pid_namespaces_allowed()
+
+
+@pytest.fixture(scope="module", params=["pidns", "fallback"])
+def zygote(request):
+    if request.param == "pidns" and not PIDNS:
+        pytest.skip("PID namespaces not allowed here")
+    env = {**trusted_env(), **({"CONCUR_NO_PIDNS": "1"} if request.param == "fallback" else {})}
+    zygote = procs.Zygote(env=env, clean=True)
+    zygote.mode = request.param
+    yield zygote
+    zygote.close()
+
+
+def build(zygote, program: str, tmp_path: Path) -> tuple[dict, Path]:
+    """Run `program` at import in a sandboxed builder child; its row and its scratch folder (where it writes)."""
+    cache, scratch = tmp_path / "cache", tmp_path / "scratch" / "mine"
+    cache.mkdir(exist_ok=True)
+    row = compiling.build(zygote, textwrap.dedent(program), SETTINGS, cache, scratch, 1)
+    return row, scratch
+
+
+def host_pid() -> str:
+    return "int(os.readlink('/proc/self'))"  # the pid as the judges see it, inside a PID namespace too
+
+
+CHAIN = f"""
+import os, time
+def record(name):
+    open(name, "a").write(f"{{{host_pid()}}}\\n")
+def chain(depth):
+    if depth == 0:
+        while True:
+            time.sleep(0.05)
+    if os.fork() == 0:
+        if depth % 2:
+            os.setsid()
+        else:
+            os.setpgid(0, 0)
+        record("chain.pids")
+        if os.fork() == 0:
+            chain(depth - 1)
+        if depth % 3 == 0:
+            os._exit(0)  # the rest of the chain is orphaned
+        while True:
+            time.sleep(0.05)
+chain(5)
+time.sleep(0.3)
+"""
+
+
+def test_a_detached_process_chain_dies_with_its_build(zygote, tmp_path):
+    """Forked, setsid'd, in new process groups, orphaned at every third link: every process of the chain is gone
+    once the build is done."""
+    row, scratch = build(zygote, CHAIN, tmp_path)
+    assert row["status"] == "no_build", row
+    pids = [int(p) for p in (scratch / "chain.pids").read_text().split()]
+    assert len(pids) == 5
+    end = time.monotonic() + 3
+    while time.monotonic() < end and any(procs.alive(p) for p in pids):
+        time.sleep(0.02)
+    assert [p for p in pids if procs.alive(p)] == []
+    assert zygote.clear_leftovers() == []
+
+
+JUDGES = """
+import contextlib, os
+mine, hit, own = set(), [], []
+for entry in os.listdir("/proc"):
+    with contextlib.suppress(OSError):
+        if entry.isdigit() and (b"concur" in open(f"/proc/{entry}/cmdline", "rb").read()
+                                or b"pytest" in open(f"/proc/{entry}/cmdline", "rb").read()):
+            mine.add(int(entry))
+mine.discard(int(os.readlink("/proc/self")))
+for pid in mine:
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(tid), {0})
+            hit.append(("affinity", tid))
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+            hit.append(("nice", tid))
+with contextlib.suppress(OSError):
+    os.setpriority(os.PRIO_PROCESS, 0, -10)
+    own.append("nice")
+with contextlib.suppress(OSError):
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(50))
+    own.append("fifo")
+with contextlib.suppress(OSError):
+    os.setpriority(os.PRIO_USER, 0, 19)
+    own.append("user")
+open("hit.txt", "w").write(f"{len(mine)} {len(hit)} {len(own)}")
+"""
+
+
+@pytest.mark.skipif(not PIDNS, reason="needs PID namespaces (root or CAP_SYS_ADMIN)")
+def test_a_candidate_cannot_renice_or_pin_the_judges(zygote, tmp_path):
+    """From inside its namespace no judge can be named: re-nicing or pinning each thread of every process of the
+    verifier (the zygote, the test itself) fails, and so does raising its own priority."""
+    if zygote.mode != "pidns":
+        pytest.skip("without a PID namespace a same-user candidate can name the judges: the referee's guard")
+    before = (os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0))
+    build(zygote, JUDGES, tmp_path)
+    found, hit, own = map(int, (tmp_path / "scratch" / "mine" / "hit.txt").read_text().split())
+    assert found >= 2 and hit == 0 and own == 0
+    assert (os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0)) == before
+
+
+OWN = """
+import contextlib, os
+own = []
+with contextlib.suppress(OSError):
+    os.setpriority(os.PRIO_PROCESS, 0, -10)
+    own.append("nice")
+with contextlib.suppress(OSError):
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(50))
+    own.append("fifo")
+open("own.txt", "w").write(" ".join(own) or "none")
+"""
+
+
+def test_a_candidate_cannot_raise_its_own_priority(zygote, tmp_path):
+    """A lower nice value or a real-time policy would take cores from the judges: refused, root or not."""
+    _, scratch = build(zygote, OWN, tmp_path)
+    assert (scratch / "own.txt").read_text() == "none"
+
+
+HONEST = """
+import os, subprocess, threading
+done = []
+os.sched_setaffinity(0, os.sched_getaffinity(0))
+def worker():
+    os.sched_setaffinity(threading.get_native_id(), sorted(os.sched_getaffinity(0))[:1])  # as OpenMP pins its own
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 5)
+    done.append("thread")
+thread = threading.Thread(target=worker)
+thread.start()
+thread.join()
+os.setpriority(os.PRIO_PROCESS, 0, 1)
+if subprocess.run(["c++", "--version"], capture_output=True).returncode == 0:
+    done.append("compiler")
+open("honest.txt", "w").write(" ".join(done))
+"""
+
+
+def test_an_honest_build_pins_its_own_threads_and_runs_compilers(zygote, tmp_path):
+    row, scratch = build(zygote, HONEST, tmp_path)
+    assert row["status"] == "no_build", row
+    assert (scratch / "honest.txt").read_text() == "thread compiler"
+
+
+READS = """
+import os
+from pathlib import Path
+cache = Path(os.environ["TORCH_EXTENSIONS_DIR"]).parent
+got = []
+for path in [cache / "other" / "main.cpp", Path.cwd().parent / "theirs" / "solution.py"]:
+    try:
+        got.append(path.read_text())
+    except OSError:
+        got.append("refused")
+try:
+    got.append(str(len(os.listdir(cache))))
+except OSError:
+    got.append("refused")
+Path(os.environ["TORCH_EXTENSIONS_DIR"], "mine.txt").write_text("own entry")
+got.append(Path(os.environ["TORCH_EXTENSIONS_DIR"], "mine.txt").read_text())
+got.append(str(Path(os.environ["CXX"]).is_file()))
+open("reads.txt", "w").write("|".join(got))
+"""
+
+
+@pytest.mark.skipif(not LANDLOCK, reason="needs Landlock")
+def test_a_build_reads_only_its_own_entry(zygote, tmp_path):
+    """Another candidate's cache entry and scratch folder are out of reach; its own entry and the shared PCH
+    folder (the compiler front) are not."""
+    (tmp_path / "cache" / "other").mkdir(parents=True)
+    (tmp_path / "cache" / "other" / "main.cpp").write_text("their kernel")
+    (tmp_path / "scratch" / "theirs").mkdir(parents=True)
+    (tmp_path / "scratch" / "theirs" / "solution.py").write_text("their solution")
+    _, scratch = build(zygote, READS, tmp_path)
+    assert (scratch / "reads.txt").read_text() == "refused|refused|refused|own entry|True"
+
+
+@pytest.mark.skipif(not LANDLOCK, reason="needs Landlock")
+def test_a_contestant_reads_only_its_own_build(tmp_path):
+    """A contestant is forked (and confined) before its job is known, able to read the whole cache; as it loads its
+    program it adds a layer that leaves it its own folder and its own build only."""
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    folder, mine, other = work / "contestants" / "1", cache / "mine", cache / "other"
+    for path in (folder, mine, other):
+        path.mkdir(parents=True)
+        (path / "file.txt").write_text(path.name)
+    (work / "contestants" / "2").mkdir()
+    (work / "contestants" / "2" / "solution.py").write_text("theirs")
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            around = sandbox.readable_around([str(work), str(cache)])
+            sandbox.confine([str(folder)], [str(cache)], [str(work), str(cache)], devices=False, around=around)
+            first = (other / "file.txt").read_text() == "other"  # the first layer reads the whole cache
+            sandbox.confine_reads([str(folder), str(mine)], around)
+            readable = []
+            for path in (folder / "file.txt", mine / "file.txt", other / "file.txt", work / "contestants" / "2"):
+                try:
+                    path.read_text() if path.is_file() or path.suffix else os.listdir(path)
+                    readable.append(True)
+                except OSError:
+                    readable.append(False)
+            (folder / "new.txt").write_text("still writes")
+            system = bool(os.listdir("/proc")) and Path(sys.executable).read_bytes()[:4] == b"\x7fELF"
+            code = 0 if first and system and readable == [True, True, False, False] else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (folder / "new.txt").read_text() == "still writes"
+
+
+HELPERS = """
+import os, signal, sys, time
+def burn(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+if os.fork() == 0:  # a helper in a session of its own, alive when read
+    os.setsid()
+    burn(0.4)
+    sys.stdout.write("")
+    time.sleep(30)
+    os._exit(0)
+child = os.fork()
+if child == 0:  # a helper that ends, reaped by its parent
+    burn(0.4)
+    os._exit(0)
+os.waitpid(child, 0)
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+def test_the_cpu_time_of_every_helper_process_counts():
+    """A process that does no work itself, and two helpers of 0.4 s each (one detached, one ended and reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", HELPERS], stdout=subprocess.PIPE, text=True)
+    try:
+        start = procs.cpu_seconds(proc.pid)
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.6)  # the detached helper has burnt its share by now
+        used = procs.cpu_seconds(proc.pid) - start
+        own = procs.own_cpu_seconds(proc.pid)
+        assert used >= 0.75 and own < 0.5, (used, own)
+    finally:
+        procs.kill_tree(proc.pid)
+        proc.wait()
+
+
+def test_an_honest_processs_cpu_time_is_its_own():
+    proc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+    try:
+        time.sleep(0.3)
+        assert abs(procs.cpu_seconds(proc.pid) - procs.own_cpu_seconds(proc.pid)) < 0.02
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, 9)
+        proc.wait()
