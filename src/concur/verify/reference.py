@@ -284,9 +284,8 @@ def timed_go(
     caches flushed, then `go` rung and sent, until the contestant rings back (or, without the doorbell, replies).
     On the CPU the runner's processes are stopped while it is written. Returns the reply (None where it is still to
     be read: see timed_round), `stage_ms` (writing and flush), `go_ms` (the rest: the batch's forward), the
-    runner's `cpu_s` from before the writing (held through it on the CPU) to the answer, when `go` was sent and
-    answered (`sent_at`, `replied_at`: the monotonic clock), and whether the answer came on the doorbell (`rung`)."""
-    cpu = procs.cpu_seconds(runner.pid)  # off the clock: it walks the runner's process tree (tens of microseconds)
+    runner's `cpu_s` during go, when `go` was sent and answered (`sent_at`, `replied_at`: the monotonic clock), and
+    whether the answer came on the doorbell (`rung`)."""
     held = referee.hold(runner)
     begin = time.perf_counter()
     try:
@@ -296,6 +295,9 @@ def timed_go(
     finally:
         referee.release(held)
     staged = time.perf_counter()
+    # on the clock: a referee held up here (a slow read of a large process tree) leaves no untimed gap after the
+    # writing in which work a candidate deferred could run; the round trip calibrated on the reference holds it too
+    cpu = procs.cpu_seconds(runner.pid)
     sent = time.perf_counter()
     rung = runner.ring(doorbell.GO, doorbell.DONE, go, go.get("seeds"), "timing", n)
     reply = None if rung is not None else runner.collect("timing", timeout, spin=True)

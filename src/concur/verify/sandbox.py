@@ -122,27 +122,15 @@ def confine(
     handled = _handled_fs(abi)
     attr = (ctypes.c_uint64 * 3)(handled, _NET_ALL if abi >= 4 else 0, _SCOPE_ALL if abi >= 6 else 0)
     size = 8 if abi < 4 else (16 if abi < 6 else 24)
-    ruleset = _syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if ruleset < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
-    try:
-        read_rights = _EXECUTE | _READ_FILE | _READ_DIR
-        for path in (readable_around(hidden) if around is None else around) + list(read):
-            _add_path(ruleset, path, read_rights, handled)
-        # CUDA's initialisation names its threads through /proc/self/task/<tid>/comm: the process's own threads only
-        for path in [*write, "/proc/self/task"]:
-            _add_path(ruleset, path, handled, handled)
-        device_paths = list(DEVICE_FILES)
-        if devices:
-            device_paths += [f"/dev/{name}" for name in os.listdir("/dev") if name.startswith("nvidia")]
-        for path in device_paths:
-            _add_path(ruleset, path, _READ_FILE | _WRITE_FILE | _IOCTL_DEV, handled)
-        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-        if _syscall(_SYS_RESTRICT, ruleset, ctypes.c_uint32(0)) != 0:
-            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
-    finally:
-        os.close(ruleset)
+    read_rights = _EXECUTE | _READ_FILE | _READ_DIR
+    grants = [(path, read_rights) for path in (readable_around(hidden) if around is None else around) + list(read)]
+    # CUDA's initialisation names its threads through /proc/self/task/<tid>/comm: the process's own threads only
+    grants += [(path, handled) for path in [*write, "/proc/self/task"]]
+    device_paths = list(DEVICE_FILES)
+    if devices:
+        device_paths += [f"/dev/{name}" for name in os.listdir("/dev") if name.startswith("nvidia")]
+    grants += [(path, _READ_FILE | _WRITE_FILE | _IOCTL_DEV) for path in device_paths]
+    _restrict(attr, size, handled, grants)
     return "landlock"
 
 
@@ -151,24 +139,28 @@ def confine_reads(read: list[str], around: list[str]) -> bool:
     the first layer, which hides the folders on the way to them) and `read` stay readable (a process already confined
     keeps its first layer's rules: a layer only ever takes rights away). A contestant forked before its job is known
     adds it as it loads its program, for its own build. False without Landlock."""
-    abi = landlock_abi()
-    if abi < 1:
+    if landlock_abi() < 1:
         return False
     handled = _EXECUTE | _READ_FILE | _READ_DIR
-    attr = ctypes.c_uint64(handled)
-    ruleset = _syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    _restrict(ctypes.c_uint64(handled), 8, handled, [(path, handled) for path in list(around) + list(read)])
+    return True
+
+
+def _restrict(attr, size: int, handled: int, grants: list[tuple[str, int]]) -> None:
+    """One Landlock layer on this process: a ruleset handling `handled` (and what `attr` adds), `grants` (path,
+    rights) its only exceptions."""
+    ruleset = _syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
-        for path in list(around) + list(read):
-            _add_path(ruleset, path, handled, handled)
+        for path, rights in grants:
+            _add_path(ruleset, path, rights, handled)
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
         if _syscall(_SYS_RESTRICT, ruleset, ctypes.c_uint32(0)) != 0:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     finally:
         os.close(ruleset)
-    return True
 
 
 class PidNamespaces:
