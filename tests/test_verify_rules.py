@@ -177,12 +177,25 @@ def test_batch_size_fills_a_few_milliseconds_within_memory():
 
 
 def test_batches_grow_until_the_clock_resolves_them():
-    # a 5 us call: TARGET_BATCH_MS alone asks 2,000 calls; a jittery round trip (1.6 ms between the 20th and 80th
-    # percentile) asks SIZE_FACTOR x 1.6 ms = 32 ms of work, 6,400 calls, held to MAX_BATCH
-    assert timing.batch_size(0.005, 4096, 4096, 1 << 34) == 2000
+    # a 50 us call: TARGET_BATCH_MS alone asks 200 calls; a jittery round trip (1.6 ms between the 20th and 80th
+    # percentile) asks SIZE_FACTOR x 1.6 ms = 32 ms of work, 640 calls; a 5 us call then asks more than MAX_BATCH
+    assert timing.batch_size(0.05, 4096, 4096, 1 << 34) == 200
     jitter = timing.jitter_ms([1.0, 1.0, 1.5, 2.0, 2.5, 3.0, 3.0, 3.0, 3.1, 3.2, 9.0])
     assert jitter == pytest.approx(3.1 - 1.5)
+    assert timing.batch_size(0.05, 4096, 4096, 1 << 34, timing.sized_ms(jitter)) == 640
     assert timing.batch_size(0.005, 4096, 4096, 1 << 34, timing.sized_ms(jitter)) == timing.MAX_BATCH
+
+
+def test_a_grown_batch_leaves_a_slow_candidate_the_time_a_call_had():
+    from types import SimpleNamespace
+
+    from concur.verify.reference import CALL_FLOOR_S, FLOOR_CALLS, call_timeout
+
+    task = SimpleNamespace(call_ms=0.036)  # a 36 us reference: its batches grow to about 280 calls
+    per_call = call_timeout(task, FLOOR_CALLS) / FLOOR_CALLS
+    assert call_timeout(task, FLOOR_CALLS) == CALL_FLOOR_S
+    assert call_timeout(task, 280) / 280 == pytest.approx(per_call)  # a 400x slower honest kernel is not cut off
+    assert call_timeout(SimpleNamespace(call_ms=-0.001), 1) == CALL_FLOOR_S  # a call the clock read as nothing
     assert timing.jitter_ms([0.2] * 11) == timing.JITTER_FLOOR_MS  # never below the clock's own floor
 
 

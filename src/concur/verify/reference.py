@@ -17,6 +17,7 @@ from concur.verify.runner import RunnerFailed
 
 SEED = 42
 CALL_FLOOR_S, CALL_FACTOR, FIRST_CALL_EXTRA_S = 5.0, 100.0, 10.0  # a call's deadline, from the reference's time
+FLOOR_CALLS = 64
 PROFILE_EXTRA_S = 30.0  # on top, for a profiled call: the profiler's start and the reading of its events
 LOAD_FLOOR_S = 60.0
 REFERENCE_MEMORY_MB = 65536
@@ -80,7 +81,11 @@ def limit(deadline: float, seconds: float) -> float:
 
 
 def call_timeout(task, calls: int, first: bool = False) -> float:
-    return max(CALL_FLOOR_S, CALL_FACTOR * task.call_ms / 1000.0 * calls) + (FIRST_CALL_EXTRA_S if first else 0.0)
+    """A command's deadline: CALL_FACTOR times the reference's time for its calls, at least CALL_FLOOR_S for every
+    FLOOR_CALLS of them (a batch grown for the clock's resolution leaves a slow honest candidate the same time a
+    call that a batch of FLOOR_CALLS gave it)."""
+    floor = CALL_FLOOR_S * max(1.0, calls / FLOOR_CALLS)
+    return max(floor, CALL_FACTOR * task.call_ms / 1000.0 * calls) + (FIRST_CALL_EXTRA_S if first else 0.0)
 
 
 def task_for(referee, job: dict) -> TaskState:

@@ -31,7 +31,7 @@ import statistics
 
 MIN_BATCHES = 10
 MAX_BATCHES = 2000
-MAX_BATCH = 4096  # calls; small tasks (KernelBook's run in microseconds) need thousands to outlast the jitter
+MAX_BATCH = 1024  # calls; small tasks (KernelBook's run in microseconds) need hundreds to outlast the jitter
 # What the host adds to a batch (the wake-up on the bell, the first launch, the answer) follows the pace of the
 # side's core, which on the H100 nodes measured changed in phases within and between processes; it is a smaller
 # share of a longer batch: 10 ms instead of 5 took one fast kernel's speedup CV over 8 runs from 3.4-4.3 % to
