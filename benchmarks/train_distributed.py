@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src")]
+
+from train_throughput import WORDS  # noqa: E402  (the synthetic records' vocabulary)
+
+from concur.train.trainer import _lora_config as lora_config  # noqa: E402
+from concur.verify import procs  # noqa: E402
 
 # Published architecture numbers (config.json of the Hugging Face releases); the weights are random.
 ARCHS = {
@@ -88,11 +92,6 @@ CHATML = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-WORDS = (
-    "tensor kernel block thread float index stride warp shared memory load store fused relu gemm bias softmax reduce "
-    "launch grid dim sync tile vector half cast output input weight scale sum max mean buffer pointer offset size "
-    "loop unroll mask shape batch channel height width return"
-).split()
 SHARD_BYTES = 4 << 30
 
 
@@ -332,7 +331,6 @@ def plain_worker(job_file: Path) -> None:
     import pandas as pd
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig
 
@@ -359,19 +357,12 @@ def plain_worker(job_file: Path) -> None:
         disable_tqdm=True,
         **on_cpu,
     )
-    lora = settings["lora"]
     trainer = ConcurSFTTrainer(  # TRL's trainer; the subclass only counts tokens and memory for the step log
         model=AutoModelForCausalLM.from_pretrained(job["spec"]["path"], dtype="bfloat16"),
         args=args,
         train_dataset=Dataset.from_list([prompt_completion(r) for r in records]),
         processing_class=AutoTokenizer.from_pretrained(job["spec"]["path"]),
-        peft_config=LoraConfig(
-            task_type="CAUSAL_LM",
-            r=lora["r"],
-            lora_alpha=lora["alpha"],
-            lora_dropout=lora["dropout"],
-            target_modules=lora["target_modules"],
-        ),
+        peft_config=lora_config(settings["lora"]),  # the same LoRA as ours
     )
     trainer.fused_loss = False
     trainer.train()
@@ -446,8 +437,9 @@ def correctness(args) -> dict:
         time.sleep(0.5)
     killed_at = sorted(p.parent.name for p in checkpoints.glob("checkpoint-*/trainer_state.json"))
     finished_before_kill = child.poll() is not None
-    if not finished_before_kill:
-        kill_tree(child)
+    if not finished_before_kill:  # torch's launcher starts its workers in sessions of their own: the whole tree
+        procs.kill_tree(child.pid)
+        child.wait()
     from concur.train.checkpoints import last_checkpoint
 
     resumed_from = last_checkpoint(checkpoints)
@@ -473,23 +465,6 @@ def correctness(args) -> dict:
     }
     print(json.dumps(report, indent=1), flush=True)
     return report
-
-
-def kill_tree(child: subprocess.Popen) -> None:
-    """SIGKILL a child and everything under it: torch's launcher starts its workers in sessions of their own."""
-    import psutil
-
-    try:
-        tree = psutil.Process(child.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    os.killpg(child.pid, signal.SIGKILL)
-    for process in tree:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    child.wait()
 
 
 def train_job(job_file: Path) -> None:

@@ -104,7 +104,7 @@ class ConcurSFTTrainer(SFTTrainer):
             logs["tokens_per_s"] = round(step[0] / seconds, 3)
             logs["input_tokens_per_s"] = round(step[1] / seconds, 3)
             logs["step_time_s"] = round(seconds, 4)
-            if torch.cuda.is_available() and self._pending.is_cuda:
+            if self._pending.is_cuda:
                 held = torch.tensor([torch.cuda.max_memory_reserved()], device=self._pending.device)
                 logs["peak_memory_gib"] = round(self.accelerator.gather(held).max().item() / 2**30, 3)
         super().log(logs, start_time)

@@ -14,6 +14,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from concur.verify import timing
+
 KERNELBENCH_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}  # KernelBench, after torchbench
 REDUCED_FACTOR, REDUCED_FLOOR = 32.0, 1e-5  # precision: error over 32x the reference's own, and over 1e-5
 # operators that move or allocate but compute nothing: a candidate may share these with the reference (CPU rule)
@@ -512,7 +514,8 @@ def flags(facts: dict, verdict: dict, settings: dict, source: str) -> list[str]:
         marks.append(precision)
     if (facts.get("timing") or {}).get("deferred"):
         marks.append("timing:deferred_work")
-    if not all((facts.get("timing") or {}).get(side, {}).get("resolved", True) for side in ("ref", "new")):
+    times = facts.get("timing") or {}
+    if not timing.resolved(times.get("ref", {}), times.get("new", {})):
         marks.append("timing:unresolved")  # no speedup was made (timing.speedup)
     profile = facts.get("profile") or {}
     if profile.get("device") == "cuda" and profile.get("names") == {}:

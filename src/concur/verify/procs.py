@@ -340,35 +340,18 @@ def kill_tree(root: int, wait_s: float = 2.0) -> list[int]:
     killed; then all of it is killed, again until none is left. Returns those still alive after `wait_s`."""
     end = time.monotonic() + wait_s
     while True:
-        frozen: list[int] = []
-        while True:  # a stopped process does not fork: walk until the tree stops growing
-            fresh = [pid for pid in [root, *tree(root)] if pid not in frozen and alive(pid)]
-            if not fresh:
-                break
-            for pid in fresh:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGSTOP)
-            frozen += fresh
-            if time.monotonic() > end:
-                break
-        for pid in frozen:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(root, signal.SIGSTOP)
+        stop_descendants(root, max(0.0, min(0.5, end - time.monotonic())))  # a stopped process does not fork
+        doomed = [root, *tree(root)]
+        for pid in doomed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        while time.monotonic() < end and any(alive(pid) for pid in frozen):
+        while time.monotonic() < end and any(alive(pid) for pid in doomed):
             time.sleep(0.001)
         left = [pid for pid in [root, *tree(root)] if alive(pid)]
         if not left or time.monotonic() > end:
             return left
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            stat = _stat(entry.name)
-            if stat and int(stat[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 STOPPED = ("T", "t", "Z", "X")  # process states: stopped, traced, dead

@@ -178,10 +178,15 @@ def deferred(
     return excess > max(DEFERRED_SHARE * ref, 4 * spread, DEFERRED_FLOOR_MS, share)
 
 
+def resolved(reference: dict, candidate: dict) -> bool:
+    """Both sides' times are the clock's readings, not its noise (summary; kernelbench mode's always are)."""
+    return reference.get("resolved", True) and candidate.get("resolved", True)
+
+
 def speedup(reference: dict, candidate: dict, stat: str = "best_ms") -> float:
-    """reference / candidate time; NaN where either side's time is unresolved (summary): a time the clock could not
-    resolve is never a speedup."""
-    if not (reference.get("resolved", True) and candidate.get("resolved", True)) or candidate[stat] <= 0:
+    """reference / candidate time; NaN where either side's time is unresolved: a time the clock could not resolve
+    is never a speedup."""
+    if not resolved(reference, candidate) or candidate[stat] <= 0:
         return math.nan
     return reference[stat] / candidate[stat]
 
