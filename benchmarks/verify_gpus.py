@@ -11,6 +11,7 @@ correctness) match the first count's.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
+KEPT = ["status", "correct"]  # what must agree between GPU counts (times differ)
 
 
 def concur(*args: str, gpus: str | None = None) -> float:
@@ -45,32 +47,43 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     common = ["--config", args.config, "--candidates", args.candidates, "--tasks", args.tasks]
     builds = work / "builds.parquet"
-    compile_s = concur("compile", *common, "--out", str(builds), "--workdir", str(work / "compile"))
-    print(f"compiled in {compile_s:.0f} s", flush=True)
-    rows, first = [], None
+    if not builds.exists():  # a workdir keeps its builds: later GPU counts can run in another call
+        compile_s = concur("compile", *common, "--out", str(builds), "--workdir", str(work / "compile"))
+        print(f"compiled in {compile_s:.0f} s", flush=True)
+    times = work / "times.json"
+    seconds_of = json.loads(times.read_text()) if times.exists() else {}
     for count in args.gpus:
-        out = work / f"verified_{count}.parquet"
-        seconds = concur(
+        seconds_of[str(count)] = concur(
             "verify",
             *common,
             "--builds",
             str(builds),
             "--out",
-            str(out),
+            str(work / f"verified_{count}.parquet"),
             "--workdir",
             str(work / f"v{count}"),
             gpus=",".join(str(i) for i in range(count)),
         )
-        verdicts = pd.read_parquet(out).set_index("candidate_id")[["status", "correct"]]
-        first = verdicts if first is None else first
-        same = int((verdicts.reindex(first.index) == first).all(axis=1).sum())
-        rows.append((count, len(verdicts), seconds, same))
-        print(f"{count} GPU(s): {len(verdicts)} verdicts in {seconds:.0f} s", flush=True)
-    base = rows[0][2]
-    print("| GPUs | candidates | verify s | candidates/hour | vs first | verdicts as first |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for count, n, seconds, same in rows:
-        print(f"| {count} | {n} | {seconds:.0f} | {n / seconds * 3600:,.0f} | {base / seconds:.2f}x | {same}/{n} |")
+        times.write_text(json.dumps(seconds_of))
+        print(f"{count} GPU(s): verified in {seconds_of[str(count)]:.0f} s", flush=True)
+    table(work, seconds_of)
+
+
+def table(work: Path, seconds_of: dict) -> None:
+    """Every GPU count verified in this workdir so far, against the fewest."""
+    counts = sorted(int(c) for c in seconds_of)
+    first = pd.read_parquet(work / f"verified_{counts[0]}.parquet").set_index("candidate_id")
+    base = seconds_of[str(counts[0])]
+    print("| GPUs | candidates | correct | verify s | candidates/hour | vs first | verdicts as first |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for count in counts:
+        verdicts = pd.read_parquet(work / f"verified_{count}.parquet").set_index("candidate_id")
+        same = int((verdicts[KEPT].reindex(first.index) == first[KEPT]).all(axis=1).sum())
+        seconds, n = seconds_of[str(count)], len(verdicts)
+        print(
+            f"| {count} | {n} | {int(verdicts['correct'].sum())} | {seconds:.0f} | {n / seconds * 3600:,.0f} "
+            f"| {base / seconds:.2f}x | {same}/{n} |"
+        )
 
 
 if __name__ == "__main__":

@@ -108,7 +108,85 @@ __global__ void vectorized_elementwise_kernel(float* out, int64_t n) { if (n < 0
     },
     # caches its output by the input's address (MEMO below): the timed calls reuse addresses with new values
     "memo_pointer": {},
+    # honest: the work on a stream of its own, made to wait for the caller's stream and joined back to it
+    "own_stream": {
+        "HOST": """static cudaStream_t side = nullptr;
+    static cudaEvent_t ready, done;
+    if (side == nullptr) {
+        C10_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+        C10_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+        C10_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    }
+    cudaStream_t caller = at::cuda::getCurrentCUDAStream();
+    C10_CUDA_CHECK(cudaEventRecord(ready, caller));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(side, ready, 0));
+    relu_add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, side>>>(x.data_ptr<float>(), y.data_ptr<float>(),
+                                                                   out.data_ptr<float>(), (float)scale, n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    C10_CUDA_CHECK(cudaEventRecord(done, side));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(caller, done, 0));"""
+    },
+    # honest: two passes through a workspace it allocates on every call (x + y, then relu and scale)
+    "workspace": {
+        "PRELUDE": """__global__ void add_kernel(const float* __restrict__ x, const float* __restrict__ y,
+                           float* __restrict__ w, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)blockDim.x * gridDim.x) {
+        w[i] = x[i] + y[i];
+    }
 }
+__global__ void relu_scale_kernel(const float* __restrict__ w, float* __restrict__ out, float scale, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)blockDim.x * gridDim.x) {
+        out[i] = fmaxf(w[i], 0.f) * scale;
+    }
+}""",
+        "HOST": """auto work = torch::empty({n}, x.options());
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    unsigned blocks = (unsigned)((n + 255) / 256);
+    add_kernel<<<blocks, 256, 0, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(), work.data_ptr<float>(), n);
+    relu_scale_kernel<<<blocks, 256, 0, stream>>>(work.data_ptr<float>(), out.data_ptr<float>(), (float)scale, n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();""",
+    },
+    # honest: every block stages a 64 KiB tile through dynamic shared memory (past the 48 KiB default, opted in)
+    "large_smem": {
+        "PRELUDE": """#define TILE 16384
+__global__ void relu_add_tiled(const float* __restrict__ x, const float* __restrict__ y, float* __restrict__ out,
+                               float scale, int64_t n) {
+    extern __shared__ float tile[];
+    int64_t base = blockIdx.x * (int64_t)TILE;
+    for (int t = threadIdx.x; t < TILE; t += blockDim.x) {
+        tile[t] = base + t < n ? x[base + t] + y[base + t] : 0.f;
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < TILE; t += blockDim.x) {
+        if (base + t < n) out[base + t] = fmaxf(tile[t], 0.f) * scale;
+    }
+}""",
+        "HOST": """int bytes = TILE * (int)sizeof(float);
+    C10_CUDA_CHECK(cudaFuncSetAttribute(relu_add_tiled, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    relu_add_tiled<<<(unsigned)((n + TILE - 1) / TILE), 1024, bytes, at::cuda::getCurrentCUDAStream()>>>(
+        x.data_ptr<float>(), y.data_ptr<float>(), out.data_ptr<float>(), (float)scale, n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();""",
+    },
+    # honest: the scale read from a __constant__ table the host fills on the caller's stream before every launch
+    "constant_table": {
+        "PRELUDE": """__constant__ float scale_table[256];
+__global__ void relu_add_table(const float* __restrict__ x, const float* __restrict__ y, float* __restrict__ out,
+                               int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)blockDim.x * gridDim.x) {
+        out[i] = fmaxf(x[i] + y[i], 0.f) * scale_table[i & 255];
+    }
+}""",
+        "HOST": """float table[256];
+    for (int k = 0; k < 256; ++k) table[k] = (float)scale;
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    C10_CUDA_CHECK(cudaMemcpyToSymbolAsync(scale_table, table, sizeof(table), 0, cudaMemcpyHostToDevice, stream));
+    relu_add_table<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(),
+                                                                    out.data_ptr<float>(), n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();""",
+    },
+}
+# the honest kernels that do their work in a less common way (each must stay correct, with a speedup, in both modes)
+HONEST_WAYS = ("fast_vec", "own_stream", "workspace", "large_smem", "constant_table")
 
 PYTHON_TEMPLATE = '''import torch
 import torch.nn as nn

@@ -1,0 +1,136 @@
+"""Honest kernels' speedups from small to large tasks: the verifier's against an independent reading.
+
+The independent reading runs in a fresh plain process per variant, no referee: the reference and the kernel called
+in turn in a plain loop over a pool of input sets larger than twice the L2 (so a call's inputs are cold, as in a
+timed batch), CUDA events around each loop of at least 20 ms, the median per call over `--repeats` loops; its
+speedup is the ratio of the two medians. The verifier's comes from `verify_frame` on the same candidates. The table
+shows both side by side and their ratio (the target: within 10 % on every row).
+
+    python benchmarks/small_speedups.py --variants fast,fast_vec --sizes 256x1024,1024x1024,4096x4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+TASK = (ROOT / "tests" / "fixtures" / "verify_cuda" / "task_relu_add.py").read_text()
+MIN_LOOP_S = 0.02
+
+
+def task_code(size: str) -> str:
+    rows, cols = size.split("x")
+    return TASK.replace("torch.randn(4096, 4096), torch.randn(4096, 4096)", f"torch.randn({rows}, {cols}), " * 2)
+
+
+def independent(variant: str, sizes: list[str], repeats: int) -> dict:
+    """In this process: per size, the reference's and the kernel's median time per call (ms) by CUDA events."""
+    import torch
+    from verify_cuda_solutions import solution
+
+    kernel_scope: dict = {}
+    exec(compile(solution(variant), f"<{variant}>", "exec"), kernel_scope)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    found = {}
+    for size in sizes:
+        scope: dict = {}
+        exec(compile(task_code(size), f"<task {size}>", "exec"), scope)
+        init = scope["get_init_inputs"]()
+        models = {"eager": scope["Model"](*init).cuda(), "kernel": kernel_scope["ModelNew"](*init).cuda()}
+        one = [t.cuda() for t in scope["get_inputs"]()]
+        per_set = sum(t.numel() * t.element_size() for t in one)
+        pool = [[torch.randn_like(t) for t in one] for _ in range(max(4, -(-2 * l2 // per_set) + 1))]
+        times: dict[str, list[float]] = {name: [] for name in models}
+        calls = {}
+        with torch.no_grad():
+            for name, model in models.items():  # warm, and how many calls make a loop of MIN_LOOP_S
+                for args in pool:
+                    model(*args)
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for args in pool:
+                    model(*args)
+                end.record()
+                end.synchronize()
+                per_call = start.elapsed_time(end) / len(pool) / 1000.0
+                calls[name] = max(len(pool), int(MIN_LOOP_S / max(per_call, 1e-7)))
+            for _ in range(repeats):
+                for name, model in models.items():
+                    torch.cuda.synchronize()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for i in range(calls[name]):
+                        model(*pool[i % len(pool)])
+                    end.record()
+                    end.synchronize()
+                    times[name].append(start.elapsed_time(end) / calls[name])
+        medians = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+        found[size] = {"eager_ms": medians["eager"], "kernel_ms": medians["kernel"]}
+    return found
+
+
+def verifier(variants: list[str], sizes: list[str], mode: str, work: Path) -> dict:
+    from verify_cuda_solutions import solution
+    from verify_frames import candidates_frame, tasks_frame
+
+    from concur.verify import compile_frame, verify_frame
+
+    tasks = tasks_frame([(f"relu_add_{size}", task_code(size)) for size in sizes])
+    candidates = candidates_frame(
+        [(f"{size}:{v}", f"relu_add_{size}", solution(v)) for size in sizes for v in variants]
+    )
+    settings = {"device": "cuda", "mode": mode, "workers": 4, "timeout_s": 300, "build_cache": str(work / "cache")}
+    builds = compile_frame(candidates, settings, work / "compile", False)
+    table = verify_frame(candidates, tasks, settings, work / "verify", False, builds=builds).set_index("candidate_id")
+    return {
+        cid: (row["status"], row["speedup"], row["ref_median_ms"], row["new_median_ms"])
+        for cid, row in table.iterrows()
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variants", type=lambda t: t.split(","), default=["fast", "fast_vec"])
+    parser.add_argument("--sizes", type=lambda t: t.split(","), default=["256x1024", "1024x1024", "4096x4096"])
+    parser.add_argument("--mode", default="hardened", choices=["hardened", "kernelbench"])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: the independent reading of one variant
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(independent(args.one, args.sizes, args.repeats)))
+        return
+    work = Path(tempfile.mkdtemp(prefix="concur-small-"))
+    children = {
+        v: subprocess.Popen(
+            [sys.executable, __file__, "--one", v, "--sizes", ",".join(args.sizes), "--repeats", str(args.repeats)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / f"ext-{v}")),
+        )
+        for v in args.variants
+    }
+    plain = {v: json.loads(child.communicate()[0].strip().splitlines()[-1]) for v, child in children.items()}
+    judged = verifier(args.variants, args.sizes, args.mode, work)
+    print("| task | variant | verifier: ref / kernel ms | speedup | plain loop: eager / kernel ms | speedup | ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for size in args.sizes:
+        for v in args.variants:
+            status, speedup, ref_ms, new_ms = judged[f"{size}:{v}"]
+            own = plain[v][size]
+            other = own["eager_ms"] / own["kernel_ms"]
+            print(
+                f"| {size} | {v} | {ref_ms:.4f} / {new_ms:.4f} | {speedup:.2f} ({status}) | "
+                f"{own['eager_ms']:.4f} / {own['kernel_ms']:.4f} | {other:.2f} | {speedup / other:.3f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Honest CUDA kernels that do their work in less common ways, and honest kernels on a microsecond task: each must
+stay correct, with a resolved speedup, in both modes (an honest kernel lost to a check shrinks the dataset).
+
+Marked `gpu`: skipped without CUDA. CONCUR_GPU_REPORT=<folder> leaves the verdict tables there.
+"""
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from verify_cuda_solutions import HONEST_WAYS, solution
+from verify_frames import candidates_frame, tasks_frame
+
+from concur.verify import compile_frame, verify_frame
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+TASK_DIR = Path(__file__).parent / "fixtures" / "verify_cuda"
+TASKS = {"relu_add": "task_relu_add.py", "relu_add_small": "task_relu_add_small.py"}
+SETTINGS = {"device": "cuda", "timeout_s": 300, "workers": 4, "correctness_trials": 5, "warmup": 3, "timing_trials": 30}
+VARIANTS = ("fast", *HONEST_WAYS)
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory):
+    tasks = tasks_frame([(t, (TASK_DIR / p).read_text()) for t, p in TASKS.items()])
+    rows = [(f"{task}:{v}", task, solution(v)) for task in TASKS for v in VARIANTS]
+    candidates = candidates_frame(rows)
+    settings = {**SETTINGS, "build_cache": str(tmp_path_factory.mktemp("cache"))}
+    builds = compile_frame(candidates, {**settings, "mode": "kernelbench"}, tmp_path_factory.mktemp("c"), False)
+    out = {}
+    for mode in ("kernelbench", "hardened"):
+        table = verify_frame(
+            candidates, tasks, {**settings, "mode": mode}, tmp_path_factory.mktemp(mode), False, builds=builds
+        )
+        out[mode] = table.set_index("candidate_id")
+        if os.environ.get("CONCUR_GPU_REPORT"):
+            out[mode].to_csv(Path(os.environ["CONCUR_GPU_REPORT"]) / f"honest_{mode}.csv")
+    return out
+
+
+@pytest.mark.parametrize("mode", ["kernelbench", "hardened"])
+def test_every_honest_way_stays_correct_with_a_speedup(verdicts, mode):
+    table = verdicts[mode]
+    for cid, row in table.iterrows():
+        assert row["status"] == "correct", (mode, cid, row["reason"])
+        flags = [f for f in str(row["flags"]).split(",") if f]
+        assert not [f for f in flags if f.startswith(("timing:", "check:"))], (mode, cid, flags)
+        assert math.isfinite(row["speedup"]) and row["speedup"] > 0, (mode, cid, row["speedup"])
+    # 16M elements: one pass (or two, through the workspace) against eager's three
+    for variant in VARIANTS:
+        assert table.loc[f"relu_add:{variant}", "speedup"] > 1.1, (mode, variant)
+
+
+def test_microsecond_task_times_resolve_to_a_possible_speedup(verdicts):
+    """256x1024 elements: a few microseconds a call. The fused kernel saves two of eager's three launches; what it
+    cannot do is come out thousands of times faster (a clock artefact) or unresolved."""
+    for mode in ("kernelbench", "hardened"):
+        table = verdicts[mode]
+        for variant in VARIANTS:
+            row = table.loc[f"relu_add_small:{variant}"]
+            assert 0.3 < row["speedup"] < 8.0, (mode, variant, row["speedup"])
+            assert row["ref_median_ms"] > 0 and row["new_median_ms"] > 0, (mode, variant)
+        assert table.loc["relu_add_small:fast", "speedup"] > 1.0, mode
