@@ -96,17 +96,25 @@ def with_defaults(section: str, settings: dict | None = None) -> dict:
     Only fills in: it neither checks the given values nor rejects extra keys (the workflow validates the whole
     config before anything runs; the stages check what they rely on).
     """
-    schema = load_schema()
-    if section in schema["properties"]:
-        subschema = schema["properties"][section]
-    elif section in schema["$defs"]:
-        subschema = schema["$defs"][section]
-    else:
-        raise KeyError(f"the config schema has no section or definition {section!r}")
     filled = copy.deepcopy(settings or {})
-    for _ in _validator()({**subschema, "$defs": schema["$defs"]}).iter_errors(filled):
+    for _ in _validator()(_section_schema(section)).iter_errors(filled):
         pass  # errors are not ours to report here; iterating fills the defaults
     return filled
+
+
+def section_errors(section: str, settings: dict) -> list:
+    """What is wrong with `settings` of one section or entry, as jsonschema errors in key order (none: valid)."""
+    errors = _validator()(_section_schema(section)).iter_errors(copy.deepcopy(settings))
+    return sorted(errors, key=lambda e: list(e.absolute_path))
+
+
+def _section_schema(section: str) -> dict:
+    schema = load_schema()
+    if section in schema["properties"]:
+        return {**schema["properties"][section], "$defs": schema["$defs"]}
+    if section in schema["$defs"]:
+        return {**schema["$defs"][section], "$defs": schema["$defs"]}
+    raise KeyError(f"the config schema has no section or definition {section!r}")
 
 
 def defaults(section: str) -> dict:

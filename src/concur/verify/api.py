@@ -15,40 +15,31 @@ from concur.io import write_parquet, write_text
 from concur.verify import checks, compiling, orchestrate, timing
 from concur.verify import settings as verify_settings
 from concur.verify.orchestrate import Job, blank_verdict, cache_root_of, device_label, pre_verdict
+from concur.verify.settings import BUILD, PROBE, REFEREE, VerifySettings
 
 log = logging.getLogger("concur.verify")
 VERDICT_FIELDS = [c for c in contracts.VERDICTS if c not in ("candidate_id", "task_id")]
 FACTS_SINK = None  # when set, called with (candidate_id, facts) for every referee report (benchmarks read them)
-JOB_SETTINGS = (
-    "mode",
-    "correctness_trials",
-    "signed_trials",
-    "warmup",
-    "timing_trials",
-    "timing_min_s",
-    "atol",
-    "rtol",
-    "timeout_s",
-    "memory_limit_mb",
-    "max_processes",
-)
+Settings = VerifySettings | dict | None  # a dict: some keys of the `verify` section, the schema's defaults for the rest
 
 
-def normalize_settings(settings: dict | None, for_compile: bool = False) -> dict:
+def normalize_settings(settings: Settings, for_compile: bool = False) -> dict:
+    """The plain dict the verifier's modules read (concur.verify.settings.normalize)."""
     return verify_settings.normalize(settings, for_compile)
 
 
 def compile_frame(
     candidates: pd.DataFrame,
-    settings: dict,
+    settings: Settings,
     workdir: Path,
     progress: bool = True,
     tasks: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Build every candidate's extension into the build cache, in a pool of sandboxed builders (contracts.BUILDS).
     With `tasks`, each builder also makes ModelNew on its task's init inputs, so that what its __init__ loads is
-    built too; without, only on the candidate's own get_init_inputs, where it has one."""
-    settings = normalize_settings(settings, for_compile=True)
+    built too; without, only on the candidate's own get_init_inputs, where it has one. The builds see the BUILD
+    settings only (and how many to run at once): what the compile rule's params hold is all a build can depend on."""
+    settings = VerifySettings.of(settings).resolved(for_compile=True).to_dict(BUILD, plan=True)
     references = {} if tasks is None else reference_programs(tasks)
     jobs = []
     for i, r in enumerate(candidates.itertuples()):
@@ -66,7 +57,7 @@ def compile_frame(
 def verify_frame(
     candidates: pd.DataFrame,
     tasks: pd.DataFrame,
-    settings: dict,
+    settings: Settings,
     workdir: Path,
     progress: bool = True,
     builds: pd.DataFrame | None = None,
@@ -98,7 +89,7 @@ def verify_frame(
     return contracts.conform(pd.DataFrame(rows, columns=list(contracts.VERDICTS)), contracts.VERDICTS, "verdicts")
 
 
-def verify_one(reference_code: str, solution_code: str, settings: dict, workdir: Path) -> dict:
+def verify_one(reference_code: str, solution_code: str, settings: Settings, workdir: Path) -> dict:
     """The verdict for one solution against one reference program (VERDICTS keys minus the ids), with the task's
     `degenerate` flag: the trivial outputs (zeros, identity, constant, other inputs' output) that pass its check."""
     settings = normalize_settings(settings)
@@ -112,18 +103,15 @@ def verify_one(reference_code: str, solution_code: str, settings: dict, workdir:
     return {**verdicts[0], "degenerate": bool(kinds), "degenerate_outputs": kinds}
 
 
-def probe_tasks(references: dict[str, str], settings: dict, workdir: Path, on_done=None) -> dict[str, list[str]]:
+def probe_tasks(references: dict[str, str], settings: Settings, workdir: Path, on_done=None) -> dict[str, list[str]]:
     """task_id -> the trivial outputs that pass its check (empty: the check is sound), run on the referees; cached
-    per reference and check settings. `on_done(task_id, kinds)` is called as each task's answer comes (progress)."""
+    per reference and PROBE settings. `on_done(task_id, kinds)` is called as each task's answer comes (progress)."""
     settings = normalize_settings(settings)
     cache = cache_root_of(settings, workdir) / "probes"
     cache.mkdir(parents=True, exist_ok=True)
     found, payloads = {}, []
     for task_id, code in sorted(references.items()):
-        key = hashlib.sha256(
-            json.dumps([code, [settings[k] for k in ("device", "mode", "correctness_trials", "atol", "rtol")]]).encode()
-        ).hexdigest()[:32]
-        cached = cache / f"{key}.json"
+        cached = cache / f"{probe_key(code, settings)}.json"
         if cached.exists():
             found[task_id] = json.loads(cached.read_text())
             if on_done is not None:
@@ -153,7 +141,13 @@ def probe_tasks(references: dict[str, str], settings: dict, workdir: Path, on_do
     return found
 
 
-def run(candidates_path, tasks_path, settings: dict, workdir, out_path, builds_path=None) -> None:
+def probe_key(reference: str, settings: dict) -> str:
+    """The probe cache's key: the reference program and the PROBE settings (resolved)."""
+    values = [settings[key] for key in VerifySettings.keys(PROBE)]
+    return hashlib.sha256(json.dumps([reference, values]).encode()).hexdigest()[:32]
+
+
+def run(candidates_path, tasks_path, settings: Settings, workdir, out_path, builds_path=None) -> None:
     """The verify rule: verdicts for one candidates file, written atomically."""
     candidates, tasks = pd.read_parquet(candidates_path), pd.read_parquet(tasks_path)
     builds = pd.read_parquet(builds_path) if builds_path else None
@@ -162,7 +156,7 @@ def run(candidates_path, tasks_path, settings: dict, workdir, out_path, builds_p
     log.info("verdicts: %s", verdicts["status"].value_counts().to_dict())
 
 
-def compile_run(candidates_path, settings: dict, workdir, out_path, tasks_path=None) -> None:
+def compile_run(candidates_path, settings: Settings, workdir, out_path, tasks_path=None) -> None:
     """The compile rule: build every candidate of one candidates file into the build cache (ModelNew made on the
     init inputs of its task in `tasks_path`)."""
     tasks = pd.read_parquet(tasks_path) if tasks_path else None
@@ -186,7 +180,8 @@ def reference_programs(tasks: pd.DataFrame) -> dict[str, str]:
 
 
 def job_settings(settings: dict) -> dict:
-    return {key: settings[key] for key in JOB_SETTINGS} | {"audit_speedup": settings["audit_speedup"]}
+    """What a job's referee reads of the settings (the REFEREE fields), as plain data: it crosses to that process."""
+    return {key: settings[key] for key in VerifySettings.keys(REFEREE)}
 
 
 def run_jobs(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -> tuple[list[dict], dict]:
