@@ -21,6 +21,7 @@ TASK_DIR = Path(__file__).parent / "fixtures" / "verify_cuda"
 TASKS = {"relu_add": "task_relu_add.py", "relu_add_small": "task_relu_add_small.py"}
 SETTINGS = {"device": "cuda", "timeout_s": 300, "workers": 4, "correctness_trials": 5, "warmup": 3, "timing_trials": 30}
 VARIANTS = ("fast", *HONEST_WAYS)
+SLOWER = ("workspace", "constant_table")
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +50,10 @@ def test_every_honest_way_stays_correct_with_a_speedup(verdicts, mode):
         flags = [f for f in str(row["flags"]).split(",") if f]
         assert not [f for f in flags if f.startswith(("timing:", "check:"))], (mode, cid, flags)
         assert math.isfinite(row["speedup"]) and row["speedup"] > 0, (mode, cid, row["speedup"])
-    # 16M elements: one pass (or two, through the workspace) against eager's three
+    # 16M elements: one pass against eager's three (two through the workspace, one more per call through the
+    # constant table's copy: those only beat eager)
     for variant in VARIANTS:
-        assert table.loc[f"relu_add:{variant}", "speedup"] > 1.1, (mode, variant)
+        assert table.loc[f"relu_add:{variant}", "speedup"] > (1.0 if variant in SLOWER else 1.5), (mode, variant)
 
 
 def test_microsecond_task_times_resolve_to_a_possible_speedup(verdicts):

@@ -226,6 +226,34 @@ def test_an_unresolved_time_is_flagged_on_the_verdict():
     assert "timing:unresolved" not in checks.flags(facts, {"speedup": 2.0}, settings, "")
 
 
+def test_a_time_quicker_than_writing_the_outputs_is_flagged():
+    """Honest: an elementwise kernel at the fill's own speed, or up to twice as fast (a write a little better than a
+    fill, the floor's noise), keeps its verdict unflagged. Attack: calls merged or overlapped until a call costs a
+    tenth of writing its outputs once."""
+    floor = 0.010  # ms a call: one launch writing the task's outputs
+    settings = {"audit_speedup": 10.0, "mode": "hardened"}
+    for best, flagged in ((0.012, False), (0.0051, False), (0.001, True)):
+        facts = {"timing": {"ref": {"resolved": True}, "new": {"resolved": True, "best_ms": best}}, "floor_ms": floor}
+        assert ("timing:beats_roofline" in checks.flags(facts, {"speedup": 2.0}, settings, "")) is flagged, best
+    # no floor (outputs without tensor bytes, or a verdict from before it was measured), or a time already unresolved
+    assert not timing.beats_roofline({"resolved": True, "best_ms": 1e-6}, None)
+    assert not timing.beats_roofline({"resolved": False, "best_ms": 1e-6}, floor)
+
+
+def test_the_write_floor_is_measured_and_scaled_past_its_cap(monkeypatch):
+    from types import SimpleNamespace
+
+    from concur.verify import reference
+
+    referee = SimpleNamespace(torch=torch, device="cpu")
+    small = reference.write_floor_ms(referee, 1 << 20, 16)
+    assert 0 < small < 50.0
+    assert reference.write_floor_ms(referee, 0, 16) is None  # nothing a call must write
+    monkeypatch.setattr(reference, "FLOOR_MAX_BYTES", 1 << 20)
+    big = reference.write_floor_ms(referee, 64 << 20, 4)  # filled to 1 MiB, scaled 64 times
+    assert big > 8 * small
+
+
 def test_work_deferred_to_the_hand_off_is_counted():
     reference = [0.10] * 10
     per_call = timing.per_call_times([1.0] * 10, overhead_ms=0.2, calls=4)

@@ -34,6 +34,7 @@ LEFT_OUT = ("truncated", "no_reasoning", "untrusted")
 CANDIDATE_EXTRAS = ("reasoning_source", "code_source", "truncated", "truncation", "tokenizer")
 VERDICT_EXTRAS = ("trusted", "flags")
 REDUCED_PRECISION_FLAG = "precision:"
+BEATS_ROOFLINE_FLAG = "timing:beats_roofline"
 
 
 def blank(series: pd.Series) -> pd.Series:
@@ -84,6 +85,12 @@ def counts_as_correct(frame: pd.DataFrame) -> pd.Series:
 def reduced_precision(frame: pd.DataFrame) -> pd.Series:
     """Verdicts flagged ``precision:<name>`` (computed in fp16/bf16/TF32 where the reference is float32)."""
     return frame["flags"].fillna("").astype(str).str.contains(REDUCED_PRECISION_FLAG, regex=False)
+
+
+def beats_roofline(frame: pd.DataFrame) -> pd.Series:
+    """Verdicts flagged ``timing:beats_roofline``: timed quicker than writing their outputs once takes (a time that
+    was not each call's work), so their speedup cannot be used."""
+    return frame["flags"].fillna("").astype(str).str.contains(BEATS_ROOFLINE_FLAG, regex=False)
 
 
 @dataclass

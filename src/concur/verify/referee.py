@@ -61,8 +61,8 @@ class Referee:
         if self.spare:
             zygote_env["CONCUR_CPUS"] = ",".join(map(str, self.spare))
         if self.device == "cuda":
-            # contestants open the referee's arenas through legacy CUDA IPC, not yet run across PID namespaces on a
-            # GPU: there the subreaper's tree kill and the judges' guard hold instead (docs/verifier.md, Processes)
+            # the CUDA driver does not start in a new PID namespace (cudaGetDeviceCount: error 304, on an H100 node):
+            # on a GPU the subreaper's tree kill and the judges' guard hold instead (docs/verifier.md, Processes)
             zygote_env["CONCUR_NO_PIDNS"] = "1"
         self.zygote = procs.Zygote(str(self.workdir / "zygote.log"), env=zygote_env)
         import torch

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import time
 
 from concur.verify import checks, doorbell, exchange, procs, timing
@@ -18,6 +19,8 @@ from concur.verify.runner import RunnerFailed
 SEED = 42
 CALL_FLOOR_S, CALL_FACTOR, FIRST_CALL_EXTRA_S = 5.0, 100.0, 10.0  # a call's deadline, from the reference's time
 FLOOR_CALLS = 64
+FLOOR_MAX_BYTES = 256 << 20  # write_floor_ms fills at most this much and scales
+FLOOR_BATCHES = 5  # batches of fills that find the least time writing a task's outputs takes (write_floor_ms)
 PROFILE_EXTRA_S = 30.0  # on top, for a profiled call: the profiler's start and the reading of its events
 LOAD_FLOOR_S = 60.0
 REFERENCE_MEMORY_MB = 65536
@@ -46,6 +49,7 @@ class TaskState:
         self.call_ms = None
         self.jitter_ms = timing.JITTER_FLOOR_MS  # how much the round trip of an empty batch varies
         self.calls = 1  # per timed batch (hardened)
+        self.floor_ms: float | None = None  # the least time a call writing its outputs takes here (write_floor_ms)
         self.setup_s: dict[str, float] = {}  # where setting the task up went (benchmarks); emptied once reported
         self.has_double = None
         try:
@@ -188,6 +192,41 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
         with referee.quiet():
             task.kb_times = ref_ask(task, message, "reference")["times_ms"]
         clock("kb_time")
+    with referee.quiet():
+        task.floor_ms = write_floor_ms(referee, task.output_bytes, task.calls if task.mode == "hardened" else 64)
+    clock("floor")
+
+
+def write_floor_ms(referee, output_bytes: int, calls: int) -> float | None:
+    """The least time per call that writing `output_bytes` takes on this device, one launch a call: `calls` fills
+    back to back into one buffer (which stays in cache where it fits, so the floor is if anything too low), by CUDA
+    events on a GPU and the host clock on the CPU (the referee's threads, as a contestant's), the quickest of
+    FLOOR_BATCHES batches. Outputs past FLOOR_MAX_BYTES are filled that far and scaled (a write that long runs at the
+    memory's bandwidth). None for outputs without tensor bytes (nothing a call must write)."""
+    if output_bytes <= 0:
+        return None
+    torch = referee.torch
+    cuda = referee.device == "cuda"
+    size = min(output_bytes, FLOOR_MAX_BYTES)
+    buffer = torch.empty(size, dtype=torch.uint8, device="cuda" if cuda else "cpu")
+    best = math.inf
+    for batch in range(FLOOR_BATCHES + 1):  # the first warms up
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+        begin = time.perf_counter()
+        for i in range(calls):
+            buffer.fill_(i % 251)
+        if cuda:
+            end.record()
+            end.synchronize()
+            elapsed_ms = start.elapsed_time(end)
+        else:
+            elapsed_ms = 1000.0 * (time.perf_counter() - begin)
+        if batch:
+            best = min(best, elapsed_ms / calls)
+    return best * output_bytes / size
 
 
 def batch_calls(referee, task: TaskState, specs: list[dict]) -> int:

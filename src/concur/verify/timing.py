@@ -50,6 +50,9 @@ DEFERRED_SHARE, DEFERRED_FLOOR_MS = 0.25, 0.02  # a hand-off this much slower th
 # points on the speedup's CV. It is also what a candidate could hide: 5 % of a copy, at most 5 % of its time where
 # its inputs or outputs take as long to copy as to compute, next to nothing otherwise.
 COPY_SLACK = 0.05
+# A candidate quicker per call than this share of writing its outputs once (beats_roofline) is flagged: the share
+# leaves room for the floor's own noise and for a kernel that writes a little faster than a fill
+ROOFLINE_SHARE = 0.5
 
 
 def jitter_ms(round_trips_ms: list[float]) -> float:
@@ -181,6 +184,17 @@ def deferred(
 def resolved(reference: dict, candidate: dict) -> bool:
     """Both sides' times are the clock's readings, not its noise (summary; kernelbench mode's always are)."""
     return reference.get("resolved", True) and candidate.get("resolved", True)
+
+
+def beats_roofline(candidate: dict, floor_ms: float | None) -> bool:
+    """Quicker per call than ROOFLINE_SHARE of the least any correct candidate takes: its outputs' bytes written
+    once, by one launch a call, as the referee's own fills of that many bytes measured it on this device, batched as
+    the task's calls are (reference.write_floor_ms). The task's FLOPs and input bytes give no such bound (an
+    algebraic rewrite needs fewer FLOPs, a kernel may skip an input that cannot change the result); its outputs it
+    must write. A time under it was not the work of each call (calls merged or overlapped, or a clock gamed)."""
+    if not floor_ms or floor_ms <= 0 or not candidate.get("resolved", True) or "best_ms" not in candidate:
+        return False
+    return candidate["best_ms"] < ROOFLINE_SHARE * floor_ms
 
 
 def speedup(reference: dict, candidate: dict, stat: str = "best_ms") -> float:
