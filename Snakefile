@@ -36,6 +36,7 @@ include: "rules/common.smk"
 include: "rules/tasks.smk"
 include: "rules/synthesize.smk"
 include: "rules/verify.smk"
+include: "rules/refine.smk"
 include: "rules/curate.smk"
 include: "rules/train.smk"
 if EVALUATES:

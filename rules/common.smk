@@ -8,6 +8,8 @@ BASELINES = config["evaluate"]["baselines"]
 EVALUATES = concur_workflow.evaluates(config)  # false without evaluate.base_generator: no eval job is planned
 EVAL_MODELS = concur_workflow.eval_models(config)
 DIFFICULTY_MODEL = config["evaluate"]["difficulty_model"]
+TURNS = list(range(1, config["synthesize"]["turns"] + 1))  # turns of the synthesis trajectories
+EVAL_TURNS = list(range(1, config["evaluate"]["turns"] + 1))  # turns of the eval trajectories
 
 
 wildcard_constraints:
@@ -15,6 +17,7 @@ wildcard_constraints:
     generator="|".join(map(re.escape, config["generators"])),
     adapter="|".join(ADAPTERS) or "(?!)",
     model="|".join(map(re.escape, EVAL_MODELS)) or "(?!)",
+    turn=r"[2-9]|[1-9]\d+",  # refinement turns: turn 1 has the single-turn paths
 
 
 def results(*parts):
@@ -30,9 +33,20 @@ def benchmark_path(*parts):
     return results("benchmarks", *parts) + ".tsv"
 
 
-def shard_files(kind, generator=TEACHER):
-    """Every shard of a stage's output for one generator (`kind`: candidates or verified)."""
-    return [results(kind, generator, f"shard-{i}.parquet") for i in SHARDS]
+def turn_file(kind, generator, shard, turn):
+    """One shard of one turn of a stage's output (`kind`: candidates, builds or verified): turn 1 at
+    `{kind}/{generator}/shard-{i}.parquet`, turn k > 1 under `turn-{k}/`."""
+    return results(kind, generator, *concur_workflow.turn_dir(turn), f"shard-{shard}.parquet")
+
+
+def shard_files(kind, generator=TEACHER, turns=(1,)):
+    """Every shard of a stage's output for one generator (`kind`: candidates or verified), of the given turns."""
+    return [turn_file(kind, generator, i, turn) for turn in turns for i in SHARDS]
+
+
+def eval_file(model, name, turn=1):
+    """An evaluated model's file of one turn: eval/{model}/{name}, turn k > 1 under turn-{k}/."""
+    return results("eval", model, *concur_workflow.turn_dir(turn), name)
 
 
 def replay_file(wildcards):

@@ -1,8 +1,9 @@
 rule curate:
-    """ConCuR: the shortest-reasoning fastest kernel per task, very fast kernels, single-op balance; ablations."""
+    """ConCuR: the shortest-reasoning fastest kernel per task, very fast kernels, single-op balance; ablations. Over
+    every turn's versions: single-turn records or whole trajectories (curate.records)."""
     input:
-        candidates=shard_files("candidates"),
-        verified=shard_files("verified"),
+        candidates=shard_files("candidates", turns=TURNS),
+        verified=shard_files("verified", turns=TURNS),
         tasks=results("tasks", "train.parquet"),
     output:
         dataset=results("dataset", "concur.parquet"),

@@ -15,7 +15,7 @@ rule synthesize:
         candidates=results("candidates", "{generator}", "shard-{shard}.parquet"),
         report=results("candidates", "{generator}", "shard-{shard}.report.csv"),
     params:
-        settings=config["synthesize"],
+        settings=concur_workflow.synthesis_settings(config),  # more turns rerun no first turn
         generator=lambda wc: concur_workflow.generator_params(config, wc.generator),  # a moved server reruns nothing
         models=config["models"],
         shards=len(SHARDS),

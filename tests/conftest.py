@@ -37,9 +37,10 @@ def job_counts(output: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
 
 
-def shards(results: Path, kind: str, generator: str = "demo-teacher") -> pd.DataFrame:
-    """Every shard of a stage's output (`kind`: candidates, builds, verified), sorted by candidate."""
-    files = sorted((results / kind / generator).glob("shard-*.parquet"))
+def shards(results: Path, kind: str, generator: str = "demo-teacher", turn: int = 1) -> pd.DataFrame:
+    """Every shard of a stage's output (`kind`: candidates, builds, verified) of one turn, sorted by candidate."""
+    folder = results / kind / generator / (f"turn-{turn}" if turn > 1 else "")
+    files = sorted(folder.glob("shard-*.parquet"))
     frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
     return frame.sort_values("candidate_id").reset_index(drop=True)
 

@@ -778,3 +778,72 @@ def test_a_moved_server_reruns_no_finished_generation(server, tmp_path):
     assert len(pd.read_parquet(target)) == 2 and len(server.requests) == 1  # evaluate.samples 2, in one request
     assert "Nothing to be done" in snakemake("-n", base_url="http://127.0.0.1:9/v1", max_concurrency=3, stream=True)
     assert "eval_generate" in snakemake("-n", model="another-model")
+
+
+# ------------------------------------------------------------------------------------------- refinement turns
+
+REFINE = Request(
+    "t/a",
+    "It failed to build: fix it.",
+    ({"role": "user", "content": "write it"}, {"role": "assistant", "content": "```python\nbroken\n```"}),
+    (3,),
+    2,
+)
+
+
+@pytest.mark.parametrize("request_n", [True, False])
+def test_openai_sends_a_refinement_turn_as_one_chat_for_its_own_sample(server, request_n):
+    backend = OpenAIBackend(gen_config(server, request_n=request_n), SETTINGS)
+    gens = list(backend.generate([REFINE], samples=5))
+    assert [(g.task_id, g.sample_idx, g.seed) for g in gens] == [("t/a", 3, 10)]
+    (body,) = server.requests
+    assert body["n"] == 1 and [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
+    assert body["messages"][1]["content"].startswith("```python") and body["messages"][2]["content"] == REFINE.prompt
+
+
+def test_vllm_answers_refinement_turns_one_sample_each(fake_vllm, tmp_path):
+    other = Request("t/b", "too slow", REFINE.history, (0,), 2)
+    frame = generate_candidates(
+        shard_tasks("a", "b"), "g", {"backend": "vllm", "model": "m"}, {"m": {"path": "x"}}, SETTINGS, "cuda", 5
+    )
+    assert len(frame) == 10  # turn 1: n = samples
+    fake_vllm.chats = []
+    from concur.backends import VLLMBackend
+
+    backend = VLLMBackend({"backend": "vllm", "model": "m"}, {"path": "x"}, SETTINGS)
+    gens = list(backend.generate([REFINE, other], samples=5))
+    assert sorted((g.task_id, g.sample_idx) for g in gens) == [("t/a", 3), ("t/b", 0)]
+    ((messages, params, _),) = fake_vllm.chats
+    assert params.n == 1 and [len(m) for m in messages] == [3, 3] and messages[1][2]["content"] == "too slow"
+
+
+def test_transformers_encodes_the_whole_chat_and_samples_each_trajectory_alone(tmp_path):
+    seen, calls = [], []
+
+    class Tokenizer:
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            seen.append(messages)
+            return "text"
+
+        def __call__(self, texts, **kwargs):
+            class Enc(dict):
+                def to(self, device):
+                    return self
+
+            return Enc(input_ids=torch.zeros(len(texts), 3), attention_mask=torch.ones(len(texts), 3))
+
+    def fake_sample(batch, rows, enc, prefix, sample_idx):
+        calls.append(([batch[k][0].task_id for k in rows], sample_idx))
+        for k in rows:
+            yield Generation(batch[k][0].task_id, sample_idx, "out", "stop", 7 + sample_idx)
+
+    backend = TransformersBackend.__new__(TransformersBackend)
+    backend.settings = {**SETTINGS, "batch_size": 4}
+    backend.tokenizer, backend.device = Tokenizer(), "cpu"
+    backend._prompt_cache = lambda enc: None
+    backend._sample = fake_sample
+    other = Request("t/b", "too slow", REFINE.history, (0,), 2)
+    gens = list(backend.generate([REFINE, other], samples=5))
+    assert sorted((g.task_id, g.sample_idx) for g in gens) == [("t/a", 3), ("t/b", 0)]
+    assert calls == [(["t/b"], 0), (["t/a"], 3)]
+    assert [len(m) for m in seen] == [3, 3] and seen[0][-1]["content"] == REFINE.prompt

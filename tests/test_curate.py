@@ -312,6 +312,7 @@ def guarded_tables():
             ("x_noreason", "t/b", 5, True, 9.0),  # code, but no reasoning, from a reasoning generator
             ("x_untrusted", "t/b", 5, True, 9.0),  # verdict on a degenerate task
             ("x_bf16", "t/b", 5, True, 9.0),  # reduced precision
+            ("x_roofline", "t/b", 5, True, 9.0),  # timed quicker than writing its outputs takes
         ]
     )
     cands, verdicts = (
@@ -328,10 +329,11 @@ def guarded_tables():
     cands["tokenizer"] = "qwq (/models/qwq-tokenizer)"
     verdicts["trusted"] = verdicts["candidate_id"] != "x_untrusted"
     verdicts["flags"] = np.where(verdicts["candidate_id"] == "x_bf16", "precision:bf16", "")
+    verdicts.loc[verdicts["candidate_id"] == "x_roofline", "flags"] = "audit:speedup>10,timing:beats_roofline"
     return cands, verdicts, tasks
 
 
-UNFIT = {"x_trunc", "x_nocode", "x_empty", "x_noreason", "x_untrusted", "x_bf16"}
+UNFIT = {"x_trunc", "x_nocode", "x_empty", "x_noreason", "x_untrusted", "x_bf16", "x_roofline"}
 
 
 def test_unfit_rows_are_never_admitted_and_honest_rows_are_kept():
@@ -349,10 +351,11 @@ def test_unfit_rows_are_never_admitted_and_honest_rows_are_kept():
 def test_each_exclusion_is_counted_in_the_card():
     out = curate(*guarded_tables(), settings())
     counts = out.counts
-    assert counts["candidates"] == 20
+    assert counts["candidates"] == 21
     assert counts["left_out"] == {"truncated": 1, "no_reasoning": 2, "untrusted": 1}  # x_empty: no reasoning first
     assert (counts["no_code"], counts["correct_verdict_without_code"]) == (1, 1)  # x_nocode
     assert (counts["incorrect"], counts["reduced_precision_left_out"], counts["eligible"]) == (3, 1, 12)
+    assert counts["beats_roofline_left_out"] == 1
     assert counts["truncated"] == {"total": 1, "reported": 1, "detected": 0, "included": False}
     card = out.card
     for line in (
@@ -362,8 +365,9 @@ def test_each_exclusion_is_counted_in_the_card():
         "| no code (never correct) | 1 |",
         "| incorrect | 2 |",  # a4, c3
         "| left out: correct, reduced precision (`allow_reduced_precision` false) | 1 |",
+        "| left out: correct, timed quicker than writing its outputs (`timing:beats_roofline`) | 1 |",
         "| eligible: correct (the pool of every criterion and ablation subset) | 12 |",
-        "| **all** | 20 |",
+        "| **all** | 21 |",
     ):
         assert line in card, line
     assert "Truncated (cut at the token cap): 1 (1 reported by the backend, 0 detected); left out" in card

@@ -33,9 +33,13 @@ def results(demo_results) -> Path:
     return demo_results
 
 
-def demo_kinds() -> dict[tuple[str, int], str]:
+def demo_kinds(turn: int = 1) -> dict[tuple[str, int], str]:
     rows = [json.loads(line) for line in DEMO.read_text().splitlines() if line.strip()]
-    return {(r["task_id"], r["sample_idx"]): r["demo_kind"] for r in rows}
+    return {(r["task_id"], r["sample_idx"]): r["demo_kind"] for r in rows if r.get("turn", 1) == turn}
+
+
+def every_turn(results: Path, kind: str) -> pd.DataFrame:
+    return pd.concat([shards(results, kind), shards(results, kind, turn=2)], ignore_index=True)
 
 
 def test_tasks(results):
@@ -76,9 +80,31 @@ def test_every_verdict_is_the_one_the_response_was_written_for(results):
     assert set(builds.loc[builds["candidate_id"].isin(correct["candidate_id"]), "status"]) == {"built"}
 
 
+def test_second_turn_refines_what_was_not_correct_and_fast(results):
+    """The demo's second turn: one trajectory per task in the file; a parent that is not correct and faster than
+    eager is asked again with its feedback, and its refined version gets the verdict it was written for."""
+    first, second = shards(results, "candidates"), shards(results, "candidates", turn=2)
+    verdicts = every_turn(results, "verified").set_index("candidate_id")
+    kinds = demo_kinds(2)
+    assert 8 <= len(second) <= len(kinds) and set(second["turn"]) == {2} and set(first["turn"]) == {1}
+    parents = first.set_index("candidate_id").loc[second["parent_id"]]
+    assert list(parents["sample_idx"]) == list(second["sample_idx"]) and list(parents["task_id"]) == list(
+        second["task_id"]
+    )
+    parent_verdicts = verdicts.loc[second["parent_id"]]
+    assert not (parent_verdicts["correct"] & (parent_verdicts["speedup"] > 1.0)).any()
+    assert second["prompt"].str.contains("Reason inside <think>").all()
+    for row in second.itertuples():
+        assert verdicts.loc[row.candidate_id, "status"] == EXPECTED_STATUS[kinds[(row.task_id, row.sample_idx)]]
+    report = pd.concat(
+        [pd.read_csv(f) for f in (results / "candidates" / "demo-teacher" / "turn-2").glob("*.report.csv")]
+    )
+    assert len(second) + int((report["kind"] == "stopped").sum()) == len(kinds)
+
+
 def test_curated_dataset(results):
     dataset = pd.read_parquet(results / "dataset" / "concur.parquet")
-    verdicts = shards(results, "verified").set_index("candidate_id")
+    verdicts = every_turn(results, "verified").set_index("candidate_id")
     assert len(dataset) > 0 and dataset["candidate_id"].is_unique
     assert verdicts.loc[dataset["candidate_id"], "correct"].all()
     assert set(dataset["criterion"]) <= {"shortest_fastest", "high_speedup", "single_op_balance"}
@@ -90,6 +116,7 @@ def test_curated_dataset(results):
     assert len(sft) == len(dataset)
     assert all(r["messages"][1]["content"].startswith("<think>\n") for r in sft)
     assert f"Dataset rows: {len(dataset)}" in (results / "dataset" / "card.md").read_text()
+    assert "- Turns: 2" in (results / "dataset" / "card.md").read_text() and set(dataset["history"]) == {"[]"}
 
 
 def test_adapter(results):
@@ -100,8 +127,8 @@ def test_adapter(results):
 
 
 def test_evaluation(results):
-    scores = pd.read_csv(results / "eval" / "scores.csv")
-    assert {"base", "concur"} <= set(scores["model"])
+    scores = pd.read_csv(results / "eval" / "scores.csv", dtype={"turn": str})
+    assert {"base", "concur"} <= set(scores["model"]) and set(scores["turn"]) == {"1"}  # evaluate.turns: 1
     for model in ("base", "concur"):
         verified = pd.read_parquet(results / "eval" / model / "verified.parquet")
         overall = scores[(scores["model"] == model) & (scores["scope"] == "overall")].iloc[0]

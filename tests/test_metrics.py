@@ -89,6 +89,7 @@ def test_score_columns_in_contract_order():
     table = score({"base": BASE}, TASKS, SETTINGS)
     assert list(table.columns) == [
         "model",
+        "turn",
         "scope",
         "group",
         "n_tasks",
@@ -112,7 +113,7 @@ def test_score_columns_in_contract_order():
         ("category", "fused"),
         ("category", "single_op"),
     ]
-    assert score_columns([1], [0.5, 1.5])[6:] == [
+    assert score_columns([1], [0.5, 1.5])[7:] == [
         "pass@1",
         "fast_0.5",
         "fast_1.5",
@@ -152,7 +153,7 @@ def test_score_per_level_and_category():
     assert math.isnan(l2["pass@2"]) and math.isnan(l2["fast_1@2"])
     assert (l2["fast_0"], l2["fast_1"], l2["mean_speedup"]) == (1.0, 0.0, 0.5)
     fused = row(table, "base", "category", "fused")  # the fused category holds exactly the level-2 task
-    pd.testing.assert_series_equal(fused.iloc[3:], l2.iloc[3:], check_names=False)
+    pd.testing.assert_series_equal(fused.iloc[4:], l2.iloc[4:], check_names=False)
     single = row(table, "base", "category", "single_op")
     assert single["n_samples"] == 5 and single["exec"] == pytest.approx(2 / 5)
 

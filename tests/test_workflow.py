@@ -18,6 +18,9 @@ DEFAULT_JOBS = {
     "synthesize": 2,
     "compile": 2,
     "verify": 2,
+    "refine": 2,  # the demo's second turn: one refine, compile and verify job per shard
+    "refine_compile": 2,
+    "refine_verify": 2,
     "curate": 1,
     "train": 1,
     "eval_generate": 2,
@@ -26,6 +29,8 @@ DEFAULT_JOBS = {
     "eval_score": 1,
     "analyze": 1,
 }
+# the default config with one turn, as the prepared tables below have
+SINGLE_TURN = "synthesize:\n  turns: 1\nevaluate:\n  turns: 1\n"
 
 
 def test_dry_run_lists_every_job_of_the_default_config(tmp_path):
@@ -39,6 +44,36 @@ def test_shard_count_comes_from_config(tmp_path):
     out = snakemake("-n", "--configfile", str(overlay), "--config", f"results={tmp_path}/results")
     counts = job_counts(out.stdout)
     assert counts["synthesize"] == counts["compile"] == counts["verify"] == 5
+
+
+def test_turns_plan_one_job_per_shard_and_turn(tmp_path):
+    """Turn k's refine job reads the shard's earlier turns and turn k-1's verdicts; curation reads every turn;
+    eval_score every turn's verdicts and candidates; turn 1's jobs do not depend on the number of turns."""
+    overlay = tmp_path / "turns.yaml"
+    overlay.write_text("synthesize:\n  turns: 3\nevaluate:\n  turns: 3\n")
+    res = f"{tmp_path}/results"
+    out = snakemake("-n", "--configfile", str(overlay), "--config", f"results={res}").stdout
+    counts = job_counts(out)
+    assert counts["refine"] == counts["refine_compile"] == counts["refine_verify"] == 4
+    assert counts["eval_refine"] == counts["eval_refine_verify"] == 4 and counts["synthesize"] == 2
+    third = next(j for j in jobs(out, "refine") if j["wildcards"] == "generator=demo-teacher, turn=3, shard=0")
+    assert third["input"].split(", ")[2:] == [
+        f"{res}/candidates/demo-teacher/shard-0.parquet",
+        f"{res}/candidates/demo-teacher/turn-2/shard-0.parquet",
+        f"{res}/verified/demo-teacher/turn-2/shard-0.parquet",
+    ]
+    (curate,) = jobs(out, "curate")
+    assert f"{res}/verified/demo-teacher/turn-3/shard-1.parquet" in curate["input"]
+    (score,) = jobs(out, "eval_score")
+    assert f"{res}/eval/concur/turn-3/verified.parquet" in score["input"]
+    assert f"{res}/eval/concur/turn-2/candidates.parquet" in score["input"]
+    from concur import config as config_mod
+    from concur import workflow
+
+    one, three = (config_mod.load(str(ROOT / "config.yaml")) for _ in range(2))
+    three["synthesize"]["turns"] = 3
+    assert workflow.synthesis_settings(one) == workflow.synthesis_settings(three)
+    assert "stop_speedup" in workflow.refine_settings(three)
 
 
 def jobs(output: str, rule: str) -> list[dict[str, str]]:
@@ -185,7 +220,17 @@ SLURM_COMMANDS = {
     "remunge",
     "unmunge",
 }
-GPU_RULES = {"synthesize", "verify", "train", "eval_generate", "eval_verify"}
+GPU_RULES = {
+    "synthesize",
+    "verify",
+    "refine",
+    "refine_verify",
+    "train",
+    "eval_generate",
+    "eval_verify",
+    "eval_refine",
+    "eval_refine_verify",
+}
 
 
 def path_without_slurm(folder: Path) -> str:
@@ -278,11 +323,14 @@ def prepared_run(tmp_path_factory):
             eval_verdicts.assign(correct=eval_verdicts["correct"] ^ flip), res / "eval" / model / "verified.parquet"
         )
 
+    single = tmp_path / "single_turn.yaml"
+    single.write_text(SINGLE_TURN)
     snakemake(
         "-s",
         str(ROOT / "Snakefile"),
         "--configfile",
         str(ROOT / "config.yaml"),
+        str(single),
         "--cores",
         "1",
         "--config",
@@ -333,7 +381,12 @@ def test_the_command_line_writes_what_the_rules_write(prepared_run, tmp_path, ca
     shards = [
         str(res / kind / "demo-teacher" / f"shard-{i}.parquet") for kind in ("candidates", "verified") for i in range(2)
     ]
-    config = ["--config", str(ROOT / "config.yaml")]
+    import yaml
+
+    single = yaml.safe_load((ROOT / "config.yaml").read_text())
+    single["synthesize"]["turns"] = single["evaluate"]["turns"] = 1  # as the prepared run's
+    (tmp_path / "single.yaml").write_text(yaml.safe_dump(single))
+    config = ["--config", str(tmp_path / "single.yaml")]
     assert (
         main(
             [
@@ -418,6 +471,7 @@ generators:
     tokenizer: smollm2-135m
 synthesize:
   generator: demo-teacher
+  turns: 1
 train:
   adapters: []
 evaluate:
@@ -486,3 +540,35 @@ def test_compile_jobs_get_every_setting_a_build_reads():
     settings = workflow.compile_settings(cfg)
     assert settings["sandbox"] == "required" and settings["light_cuda_headers"] is False
     assert "timing_trials" not in settings and "correctness_trials" not in settings
+
+
+def test_a_changed_verify_setting_reruns_the_jobs_that_read_it(tmp_path):
+    """Through Snakemake itself: after a compile and a verify job have run, editing light_cuda_headers or sandbox
+    reruns the compile job (its params changed), editing a timing setting reruns the verify job only, and editing
+    how a job runs (cores, processes) reruns neither."""
+    from verify_frames import candidates_frame, tasks_frame
+
+    from concur.io import write_parquet
+
+    res = tmp_path / "results"
+    write_parquet(tasks_frame([("t", "x = 1")]), res / "tasks" / "train.parquet")
+    write_parquet(candidates_frame([("c-1", "t", "")]), res / "candidates" / "demo-teacher" / "shard-0.parquet")
+    target = str(res / "verified" / "demo-teacher" / "shard-0.parquet")
+
+    def run(*args: str, overlay: str = "") -> str:
+        (tmp_path / "overlay.yaml").write_text(f"verify:\n  {overlay}\n" if overlay else "{}\n")
+        files = ("--configfile", str(ROOT / "config.yaml"), str(tmp_path / "overlay.yaml"))
+        rules = ("--allowed-rules", "compile", "verify")
+        return snakemake(*args, "-s", str(ROOT / "Snakefile"), *files, "--cores", "1", "--config", f"results={res}",
+                         *rules, "--", target, cwd=tmp_path).stdout  # fmt: skip
+
+    run()
+    for overlay, rerun in (
+        ("light_cuda_headers: false", {"compile", "verify"}),
+        ("sandbox: required", {"compile", "verify"}),
+        ("timing_trials: 7", {"verify"}),
+        ("compile_threads: 3", set()),
+        ("workers: 3", set()),
+    ):
+        planned = {rule for rule in ("compile", "verify") if jobs(run("-n", overlay=overlay), rule)}
+        assert planned == rerun, overlay

@@ -316,6 +316,15 @@ def _captions(summary: dict) -> dict[str, str]:
     }
 
 
+def last_turn(scores: pd.DataFrame) -> pd.DataFrame:
+    """The eval scores after the last turn (scores.csv's `turn`; older files without it hold one turn)."""
+    if "turn" not in scores.columns:
+        return scores
+    turns = scores["turn"].astype(str)
+    numbered = sorted({int(t) for t in turns if t.isdigit()})
+    return scores[turns == str(numbered[-1])] if numbered else scores
+
+
 def analyze(
     candidates: pd.DataFrame,
     verdicts: pd.DataFrame,
@@ -351,6 +360,7 @@ def analyze(
     arl_rows = arl_per_task(screening.screen(everything, True).kept, easy_below, hard_above)
     overall = by_difficulty = None
     if scores is not None and not scores.empty:
+        scores = last_turn(scores)
         overall = scores[scores["scope"] == "overall"].reset_index(drop=True)
         by_difficulty = scores[scores["scope"] == "difficulty"].reset_index(drop=True)
     lengths = {

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from . import config as config_mod
 from . import workflow
 from .logs import logging_to
+from .verify.settings import VerifySettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +51,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", type=int, default=1)
     p.add_argument("--out", required=True)
     p.set_defaults(func=_synthesize)
+
+    p = _stage(sub, "refine", "refinement turn k of one shard's trajectories, with the verifier's feedback")
+    p.add_argument("--tasks", required=True)
+    p.add_argument("--turn", type=int, required=True, help="the turn to write (2, 3, …)")
+    p.add_argument("--history", nargs="+", required=True, help="the shard's candidates of turns 1 … k-1")
+    p.add_argument("--verified", required=True, help="the shard's verdicts of turn k-1")
+    p.add_argument("--generator", help="generators entry (default: synthesize.generator)")
+    p.add_argument("--shard", type=int, default=0)
+    p.add_argument("--shards", type=int, default=1)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_refine)
 
     p = _stage(sub, "compile", "build a candidates table's extensions into the build cache (a CPU job)")
     p.add_argument("--candidates", required=True)
@@ -97,10 +109,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="base, a train.adapters entry or an evaluate.baselines entry")
     p.add_argument("--adapter", help="the adapter folder of an adapter model (default: <results>/adapters/<model>)")
     p.add_argument("--out", required=True)
+    p.add_argument("--turn", type=int, default=1, help="a refinement turn k > 1 (eval_refine): needs the next two")
+    p.add_argument("--history", nargs="+", help="the model's eval candidates of turns 1 … k-1")
+    p.add_argument("--verified", help="the model's eval verdicts of turn k-1")
     p.set_defaults(func=_eval_generate)
 
     p = _stage(sub, "eval-score", "scores, the results table and the eval tasks' difficulty")
-    p.add_argument("--verified", nargs="+", required=True, metavar="MODEL=PATH", help="each model's verdicts")
+    p.add_argument(
+        "--verified",
+        nargs="+",
+        required=True,
+        metavar="MODEL=PATH[,PATH…]",
+        help="each model's verdicts, one file per turn (evaluate.turns), turn 1 first",
+    )
+    p.add_argument(
+        "--candidates",
+        nargs="+",
+        metavar="MODEL=PATH[,PATH…]",
+        help="with several turns: each model's eval candidates of the same turns",
+    )
     p.add_argument("--tasks", required=True, help="tasks/eval.parquet")
     p.add_argument("--difficulty", required=True, help="the difficulty model's eval candidates")
     p.add_argument("--out-dir", help="default: <results>/eval")
@@ -139,18 +166,25 @@ def _stage(sub, name: str, help_text: str) -> argparse.ArgumentParser:
     return p
 
 
+# verify settings the compile and verify commands take as options (flag: the setting); choices come from the schema
+VERIFY_OPTIONS = {"--device": "device", "--mode": "mode", "--timeout": "timeout_s"}
+
+
 def _verify_overrides(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--mode", choices=["kernelbench", "hardened"])
-    p.add_argument("--timeout", type=float, dest="timeout_s")
+    spec = config_mod.load_schema()["properties"]["verify"]["properties"]
+    for flag, key in VERIFY_OPTIONS.items():
+        kind = {"number": float, "integer": int}.get(spec[key]["type"], str)
+        p.add_argument(flag, dest=key, type=kind, choices=spec[key].get("enum"), help=f"verify.{key}")
 
 
 def _load(args) -> dict:
     return config_mod.load(args.config)
 
 
-def _overridden(settings: dict, args) -> dict:
-    return {**settings, **{k: v for k in ("device", "mode", "timeout_s") if (v := getattr(args, k)) is not None}}
+def _overridden(settings: VerifySettings, args) -> VerifySettings:
+    """`settings` with the verify options given on the command line."""
+    given = {key: value for key in VERIFY_OPTIONS.values() if (value := getattr(args, key)) is not None}
+    return settings.replace(**given)
 
 
 def _out_dir(args, cfg: dict, *default: str) -> Path:
@@ -177,10 +211,18 @@ def _synthesize(args) -> None:
     run(args.tasks, args.shard, args.shards, args.generator or cfg["synthesize"]["generator"], cfg, args.out)
 
 
+def _refine(args) -> None:
+    from .synthesize import run_refine
+
+    cfg = _load(args)
+    generator = args.generator or cfg["synthesize"]["generator"]
+    run_refine(args.tasks, args.history, args.verified, args.turn, args.shard, args.shards, generator, cfg, args.out)
+
+
 def _compile(args) -> None:
     from .verify import compile_run
 
-    settings = _overridden(workflow.compile_settings(_load(args)), args)
+    settings = _overridden(workflow.verifier(_load(args)), args)
     with _workdir(args.workdir) as workdir:
         compile_run(args.candidates, settings, workdir, args.out, tasks_path=args.tasks)
 
@@ -188,7 +230,7 @@ def _compile(args) -> None:
 def _verify(args) -> None:
     from .verify import run
 
-    settings = _overridden(workflow.verify_settings(_load(args)), args)
+    settings = _overridden(workflow.verifier(_load(args)), args)
     with _workdir(args.workdir) as workdir:
         run(args.candidates, args.tasks, settings, workdir, args.out, builds_path=args.builds)
 
@@ -198,7 +240,9 @@ def _verify_one(args) -> None:
 
     reference, solution = Path(args.reference).read_text(), Path(args.solution).read_text()
     with _workdir(args.workdir) as workdir:
-        verdict = verify_one(reference, solution, _overridden(_load(args)["verify"], args), Path(workdir))
+        # the section as written: a build cache left unset is the workdir's, not the results' (a one-off check)
+        settings = _overridden(VerifySettings.from_dict(_load(args)["verify"]), args)
+        verdict = verify_one(reference, solution, settings, Path(workdir))
     # strict JSON for the tools users pipe this into: NaN (not measured) becomes null
     clean = {k: None if isinstance(v, float) and v != v else v for k, v in verdict.items()}
     print(json.dumps(clean, indent=2, default=str))
@@ -237,17 +281,33 @@ def _eval_generate(args) -> None:
     if args.model in cfg["train"]["adapters"]:
         adapter = args.adapter or workflow.results_path(cfg, "adapters", args.model)
     name = workflow.eval_generator_name(cfg, args.model)
-    settings = workflow.eval_generation_settings(cfg)
+    settings = workflow.eval_generation_settings(cfg) if args.turn == 1 else workflow.eval_refine_settings(cfg)
     language = cfg["synthesize"]["language"]
     generator = cfg["generators"][name]
-    run_eval_generation(args.tasks, adapter, args.model, name, generator, cfg["models"], settings, language, args.out)
+    if args.turn > 1 and not (args.history and args.verified):
+        raise ValueError(f"turn {args.turn} needs --history (turns 1 … {args.turn - 1}) and --verified")
+    run_eval_generation(
+        args.tasks,
+        adapter,
+        args.model,
+        name,
+        generator,
+        cfg["models"],
+        settings,
+        language,
+        args.out,
+        turn=args.turn,
+        history_paths=args.history,
+        verified_path=args.verified,
+    )
 
 
 def _eval_score(args) -> None:
     from .evaluate import run_scoring
 
     cfg = _load(args)
-    verified = dict(item.split("=", 1) for item in args.verified)
+    verified = {model: paths.split(",") for model, paths in (item.split("=", 1) for item in args.verified)}
+    candidates = {model: paths.split(",") for model, paths in (item.split("=", 1) for item in args.candidates or [])}
     out = _out_dir(args, cfg, "eval")
     outputs = SimpleNamespace(
         csv=out / "scores.csv",
@@ -258,7 +318,7 @@ def _eval_score(args) -> None:
     info = workflow.eval_model_info(cfg)
     models = {model: info.get(model, {"kind": "", "generator": ""}) for model in verified}
     settings, thresholds = workflow.scoring_settings(cfg), workflow.difficulty_thresholds(cfg)
-    run_scoring(verified, args.tasks, args.difficulty, settings, thresholds, models, outputs)
+    run_scoring(verified, args.tasks, args.difficulty, settings, thresholds, models, outputs, candidates or None)
 
 
 def _analyze(args) -> None:

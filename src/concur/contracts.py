@@ -38,6 +38,8 @@ CANDIDATES = {
     "truncated": "bool",
     "truncation": "str",
     "tokenizer": "str",
+    "turn": "int",
+    "parent_id": "str",
 }
 
 # how the reasoning was told from the answer (candidates' `reasoning_source`; docs/data.md, "Reading a response")
@@ -92,7 +94,13 @@ DATASET = {
     "code": "str",
     "reasoning_tokens": "int",
     "speedup": "float",
+    "turn": "int",
+    "history": "str",
 }
+
+# columns a frame may lack, read as these values: files and writers of single-turn runs (turn 1, no parent, no
+# earlier messages)
+ABSENT_AS = {"turn": 1, "parent_id": "", "history": "[]"}
 
 BUILD_STATUSES = ("built", "cached", "no_build", "compile_error", "timeout", "runtime_error", "no_code", "rejected")
 STATUSES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code")
@@ -113,7 +121,11 @@ def require_columns(frame: pd.DataFrame, columns, what: str, error: type[Excepti
 
 
 def conform(frame: pd.DataFrame, contract: dict[str, str], what: str = "frame") -> pd.DataFrame:
-    """Return `frame` with exactly the contract's columns, in order and with the documented types."""
+    """Return `frame` with exactly the contract's columns, in order and with the documented types; a column of
+    `ABSENT_AS` that `frame` lacks is filled with its default."""
+    absent = {col: ABSENT_AS[col] for col in contract if col in ABSENT_AS and col not in frame.columns}
+    if absent:
+        frame = frame.assign(**absent)
     require_columns(frame, contract, what)
     out = frame.loc[:, list(contract)].copy()
     for col, kind in contract.items():

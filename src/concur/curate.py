@@ -21,10 +21,16 @@ Criteria, applied in order; a candidate is admitted once, tagged with the first 
 
 Ablation subsets (``min``, ``max``, ``speedup``, ``random``) have the dataset's size (capped at the number of
 eligible candidates) and are drawn from all eligible candidates; ties are broken by candidate_id.
+
+Turns: with refinement (synthesize.turns > 1) every turn's version is a candidate of its task, so the criteria pick
+across turns. ``records`` says what a picked version is trained on: ``single_turn``, the task's prompt and the
+version's reasoning and answer; ``multi_turn``, its trajectory's chat (each earlier turn's user message and answer
+without reasoning, then its own user message: the verifier's feedback) before its reasoning and answer.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +44,7 @@ from concur.io import read_parquets, write_jsonl, write_parquet, write_text
 CRITERIA = ("shortest_fastest", "high_speedup", "single_op_balance")
 ABLATIONS = ("min", "max", "speedup", "random")
 SELECTIONS = ("strict", "fastest_then_shortest")
+RECORDS = ("single_turn", "multi_turn")
 log = logging.getLogger(__name__)
 
 TIE_RULE = (
@@ -55,6 +62,7 @@ _CANDIDATE_COLUMNS = (
     "code",
     "reasoning_tokens",
 )
+_TRAJECTORY_COLUMNS = ("turn", "parent_id")  # turn 1 and no parent where a file has none
 _VERDICT_COLUMNS = ("candidate_id", "task_id", "correct", "speedup")
 _TASK_COLUMNS = ("task_id", "name", "category", "level")
 
@@ -89,7 +97,9 @@ def join_candidates(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.
     _require_unique(verdicts, "candidate_id", "verdicts")
     _require_unique(tasks, "task_id", "tasks")
 
-    cand = screening.with_candidate_defaults(candidates).loc[:, [*_CANDIDATE_COLUMNS, *screening.CANDIDATE_EXTRAS]]
+    cand = screening.with_candidate_defaults(candidates)
+    cand = cand.assign(**{c: contracts.ABSENT_AS[c] for c in _TRAJECTORY_COLUMNS if c not in cand.columns})
+    cand = cand.loc[:, [*_CANDIDATE_COLUMNS, *_TRAJECTORY_COLUMNS, *screening.CANDIDATE_EXTRAS]]
     verd = screening.with_verdict_defaults(verdicts).loc[:, [*_VERDICT_COLUMNS, *screening.VERDICT_EXTRAS]]
     verd = verd.rename(columns={"task_id": "verdict_task_id"})
     merged = cand.merge(verd, on="candidate_id", how="outer", indicator=True)
@@ -116,6 +126,8 @@ def join_candidates(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.
     merged["truncated"] = merged["truncated"].astype(bool)
     merged["speedup"] = merged["speedup"].astype(float)
     merged["reasoning_tokens"] = merged["reasoning_tokens"].astype("int64")
+    merged["turn"] = merged["turn"].astype("int64")
+    merged["parent_id"] = merged["parent_id"].fillna("").astype(str).astype(object)
     return merged.sort_values("candidate_id", kind="stable").reset_index(drop=True)
 
 
@@ -206,16 +218,41 @@ def _check_rows(table: pd.DataFrame, reasoning_generators: set[str], what: str) 
 
 
 def sft_record(row) -> dict:
-    """One chat-format training record (docs/data.md, concur_sft.jsonl) from a dataset row or dict."""
+    """One chat-format training record (docs/data.md, concur_sft.jsonl) from a dataset row or dict: its `history`
+    (the earlier turns of a multi-turn record; none in older tables), the user's `prompt`, the assistant's reasoning
+    and answer."""
     assistant = f"<think>\n{row['reasoning']}\n</think>\n\n{row['answer']}"
+    history = row.get("history") if hasattr(row, "get") else None
     return {
         "candidate_id": str(row["candidate_id"]),
         "task_id": str(row["task_id"]),
         "messages": [
+            *(json.loads(history) if isinstance(history, str) and history else []),
             {"role": "user", "content": str(row["prompt"])},
             {"role": "assistant", "content": assistant},
         ],
     }
+
+
+def with_records(table: pd.DataFrame, candidates: dict[str, dict], records: str) -> pd.DataFrame:
+    """`table` (dataset rows) with each row's `prompt` and `history` as `records` has them: single_turn, the prompt
+    of its trajectory's first turn (the task's) and no history; multi_turn, its own prompt after the chat of its
+    trajectory's earlier versions (`feedback.trajectory_messages`). `candidates` holds every candidate by id."""
+    from concur.feedback import chain_of, trajectory_messages
+
+    if records not in RECORDS:
+        raise ValueError(f"curate.records: {records!r} is not one of {', '.join(RECORDS)}")
+    prompts, histories = [], []
+    for cid, prompt in zip(table["candidate_id"], table["prompt"]):
+        chain = chain_of(cid, candidates)
+        if records == "single_turn":
+            prompts.append(str(chain[0]["prompt"]))
+            histories.append("[]")
+        else:
+            prompts.append(prompt)
+            histories.append(json.dumps(trajectory_messages(chain[:-1]), ensure_ascii=False))
+    return table.assign(prompt=pd.Series(prompts, index=table.index, dtype=object),
+                        history=pd.Series(histories, index=table.index, dtype=object))  # fmt: skip
 
 
 def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame, settings: dict) -> Curated:
@@ -226,6 +263,9 @@ def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame
     share = float(settings["single_op_share"])
     ablations = list(settings["ablations"])
     seed = int(settings["seed"])
+    records = settings["records"]
+    if records not in RECORDS:
+        raise ValueError(f"curate.records: {records!r} is not one of {', '.join(RECORDS)}")
     if not 0 <= share <= 1:
         raise ValueError(f"curate.single_op_share: {share} is not in 0..1")
     unknown = [a for a in ablations if a not in ABLATIONS]
@@ -237,10 +277,13 @@ def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame
     screened = screening.screen(joined, bool(settings["include_truncated"]))
     kept = screened.kept
     flagged = kept["correct"] & screening.reduced_precision(kept)
-    # the pool every criterion and ablation draws from: correct by the shared rule, reduced precision only if allowed
-    correct = kept[kept["correct"] & (allow_reduced | ~flagged)].reset_index(drop=True)
+    impossible = kept["correct"] & (allow_reduced | ~flagged) & screening.beats_roofline(kept)
+    # the pool every criterion and ablation draws from: correct by the shared rule, reduced precision only if allowed,
+    # never a time quicker than writing the outputs takes
+    correct = kept[kept["correct"] & (allow_reduced | ~flagged) & ~impossible].reset_index(drop=True)
     counts = {**screened.counts, "incorrect": int((~kept["correct"]).sum())}
     counts["reduced_precision_left_out"] = 0 if allow_reduced else int(flagged.sum())
+    counts["beats_roofline_left_out"] = int(impossible.sum())
     counts["eligible"] = len(correct)
     counts["tasks"] = {"candidates": int(joined["task_id"].nunique()), "eligible": int(correct["task_id"].nunique())}
 
@@ -250,21 +293,37 @@ def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame
     ids_c = select_single_op_balance(correct, admitted, share)
     admitted = pd.concat([admitted, _rows(correct, ids_c, CRITERIA[2])], ignore_index=True)
     dataset = contracts.conform(admitted, contracts.DATASET, "curated dataset")
-
     subsets = {name: _ablation(correct, name, len(dataset), seed) for name in ablations}
+    # every candidate by id, for the trajectories the records follow back to their first turn
+    versions = joined.loc[:, ["candidate_id", "prompt", "answer", "code", "parent_id"]].to_dict("records")
+    by_id = {row["candidate_id"]: row for row in versions}
+    dataset = contracts.conform(with_records(dataset, by_id, records), contracts.DATASET, "curated dataset")
+    subsets = {
+        name: contracts.conform(with_records(table, by_id, records), contracts.DATASET, f"subset {name}")
+        for name, table in subsets.items()
+    }
     for name, table in {"dataset": dataset, **subsets}.items():
         _check_rows(table, set(counts["reasoning_generators"]), name)
     sft = [
         sft_record(row)
-        for row in dataset.loc[:, ["candidate_id", "task_id", "prompt", "reasoning", "answer"]].to_dict(
+        for row in dataset.loc[:, ["candidate_id", "task_id", "prompt", "reasoning", "answer", "history"]].to_dict(
             orient="records"
         )
     ]
+    counts["turns"] = {
+        int(turn): {
+            "candidates": int((joined["turn"] == turn).sum()),
+            "eligible": int((correct["turn"] == turn).sum()),
+            "dataset": int((dataset["turn"] == turn).sum()),
+        }
+        for turn in sorted(joined["turn"].unique())
+    }
     card = dataset_card(
         dataset,
         correct,
         counts,
         settings={
+            "records": records,
             "selection": selection,
             "speedup_threshold": threshold,
             "single_op_share": share,
@@ -309,6 +368,7 @@ CANDIDATE_ROWS = (  # the card's "Candidates" table: each candidate under the fi
     ("no_code", "no code (never correct)"),
     ("other_incorrect", "incorrect"),
     ("reduced_precision_left_out", "left out: correct, reduced precision (`allow_reduced_precision` false)"),
+    ("beats_roofline_left_out", "left out: correct, timed quicker than writing its outputs (`timing:beats_roofline`)"),
     ("eligible", "eligible: correct (the pool of every criterion and ablation subset)"),
 )
 
@@ -320,12 +380,30 @@ def candidate_table(counts: dict) -> list[str]:
         "no_code": counts["no_code"],
         "other_incorrect": counts["incorrect"] - counts["no_code"],
         "reduced_precision_left_out": counts["reduced_precision_left_out"],
+        "beats_roofline_left_out": counts["beats_roofline_left_out"],
         "eligible": counts["eligible"],
     }
     lines = ["| candidates | n |", "|---|---:|"]
     lines += [f"| {label} | {values[key]} |" for key, label in CANDIDATE_ROWS]
     lines.append(f"| **all** | {counts['candidates']} |")
     return lines
+
+
+def _turns_line(turns: dict, records: str) -> str:
+    """The card's line on turns: per turn the candidates, eligible ones and dataset rows; what a record holds."""
+    kind = (
+        "each record is the task's prompt and the picked version's reasoning and answer (`single_turn`)"
+        if records == "single_turn"
+        else "each record is the picked version's trajectory: the earlier prompts, answers (without reasoning) and "
+        "feedback, then its reasoning and answer (`multi_turn`)"
+    )
+    per_turn = "; ".join(
+        f"turn {turn}: {c['candidates']} candidates, {c['eligible']} eligible, {c['dataset']} rows"
+        for turn, c in sorted(turns.items())
+    )
+    if len(turns) <= 1:
+        return f"- Turns: 1 (single-turn generations); {kind}"
+    return f"- Turns: {len(turns)}, the criteria picking across them ({per_turn}); {kind}"
 
 
 def dataset_card(dataset: pd.DataFrame, pool: pd.DataFrame, counts: dict, settings: dict) -> str:
@@ -348,6 +426,7 @@ def dataset_card(dataset: pd.DataFrame, pool: pd.DataFrame, counts: dict, settin
         f"- Truncated (cut at the token cap): {trunc['total']} ({trunc['reported']} reported by the backend, "
         f"{trunc['detected']} detected); {'included' if trunc['included'] else 'left out'}",
         f"- Dataset rows: {len(dataset)} over {dataset['task_id'].nunique()} tasks",
+        _turns_line(counts.get("turns") or {}, settings.get("records", RECORDS[0])),
         "",
     ]
     if dataset.empty:

@@ -13,12 +13,18 @@ Definitions, per model and group of tasks:
 Groups: every task (overall/all), each KernelBench level, each category, and each difficulty band, where a task's
 difficulty is the average reasoning length (ARL) of one reference model's eval generations for it
 (``evaluate.difficulty_model``), banded by ``analyze.easy_below`` / ``analyze.hard_above``.
+
+Turns (``evaluate.turns``): a sample is a trajectory of versions. Turn ``k``'s scores take each trajectory's version
+after turn k (its last one up to k: a trajectory that stopped keeps its final version); ``best`` takes each
+trajectory's best version (correct before incorrect, then the largest speedup, then the earliest turn). With one
+turn there is only turn ``1``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -41,7 +47,7 @@ def fast_name(p: float) -> str:
 def score_columns(pass_k, fast_p) -> list[str]:
     """The scores.csv columns, in order."""
     return (
-        ["model", "scope", "group", "n_tasks", "n_samples", "exec"]
+        ["model", "turn", "scope", "group", "n_tasks", "n_samples", "exec"]
         + [f"pass@{k}" for k in pass_k]
         + [fast_name(p) for p in fast_p]
         + [f"{fast_name(p)}@{k}" for p in fast_p for k in pass_k]
@@ -91,8 +97,28 @@ def _with_task_info(
     info = tasks.loc[:, ["task_id", "level", "category"]].drop_duplicates("task_id")
     if difficulty is not None:
         info = info.merge(difficulty.loc[:, ["task_id", "difficulty"]], on="task_id", how="left")
-    joined = verdicts.loc[:, ["task_id", "correct", "speedup"]].merge(info, on="task_id", how="left")
+    keep = ["task_id", "correct", "speedup"] + [c for c in ("sample_idx", "turn") if c in verdicts.columns]
+    joined = verdicts.loc[:, keep].merge(info, on="task_id", how="left")
     return joined.astype({"correct": bool, "speedup": float, "level": "int64"})
+
+
+def turn_states(frame: pd.DataFrame, turns: int, model: str = "") -> list[tuple[str, pd.DataFrame]]:
+    """(turn label, one row per trajectory) to score: with one turn ("1", frame); with more, each trajectory's
+    version after turn 1, 2, … (its last version up to that turn), then its best version ("best")."""
+    if turns <= 1:
+        return [("1", frame)]
+    require_columns(frame, ("sample_idx", "turn"), f"verdicts of model {model!r} (evaluate.turns {turns})")
+    ordered = frame.sort_values(["task_id", "sample_idx", "turn"], kind="stable")
+    states = []
+    for turn in range(1, turns + 1):
+        upto = ordered[ordered["turn"] <= turn]
+        states.append((str(turn), upto.drop_duplicates(["task_id", "sample_idx"], keep="last")))
+    ranked = ordered.assign(_speed=ordered["speedup"].fillna(-np.inf))
+    ranked = ranked.sort_values(
+        ["task_id", "sample_idx", "correct", "_speed", "turn"], ascending=[True, True, False, False, True]
+    )
+    states.append(("best", ranked.drop_duplicates(["task_id", "sample_idx"]).drop(columns="_speed")))
+    return states
 
 
 def score(
@@ -101,27 +127,47 @@ def score(
     settings: dict,
     difficulty: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """One row per model x scope x group, columns of `score_columns`: overall/all, each level, each category and,
-    with a `difficulty` table (task_id, difficulty), each difficulty band that has tasks (Easy, Medium, Hard)."""
+    """One row per model x turn x scope x group, columns of `score_columns`: overall/all, each level, each category
+    and, with a `difficulty` table (task_id, difficulty), each difficulty band that has tasks (Easy, Medium, Hard).
+    With `evaluate.turns` > 1 each model's verdicts carry `sample_idx` and `turn` (`trajectory_verdicts`) and are
+    scored after every turn and for the best version of each trajectory (`turn_states`)."""
     settings = config.with_defaults("evaluate", settings)
     pass_k, fast_p = list(settings["pass_k"]), list(settings["fast_p"])
     rows = []
     for model, verdicts in verdicts_by_model.items():
-        frame = _with_task_info(verdicts, tasks, model, difficulty)
-        groups = [("overall", "all", frame)]
-        groups += [("level", str(level), part) for level, part in frame.groupby("level", sort=True)]
-        groups += [("category", str(cat), part) for cat, part in frame.groupby("category", sort=True)]
-        if difficulty is not None:
-            groups += [
-                ("difficulty", band, frame[frame["difficulty"] == band])
-                for band in DIFFICULTIES
-                if (frame["difficulty"] == band).any()
-            ]
-        for scope, group, part in groups:
-            rows.append({"model": model, "scope": scope, "group": group, **_group_scores(part, pass_k, fast_p)})
+        whole = _with_task_info(verdicts, tasks, model, difficulty)
+        for turn, frame in turn_states(whole, int(settings["turns"]), model):
+            groups = [("overall", "all", frame)]
+            groups += [("level", str(level), part) for level, part in frame.groupby("level", sort=True)]
+            groups += [("category", str(cat), part) for cat, part in frame.groupby("category", sort=True)]
+            if difficulty is not None:
+                groups += [
+                    ("difficulty", band, frame[frame["difficulty"] == band])
+                    for band in DIFFICULTIES
+                    if (frame["difficulty"] == band).any()
+                ]
+            for scope, group, part in groups:
+                scores = _group_scores(part, pass_k, fast_p)
+                rows.append({"model": model, "turn": turn, "scope": scope, "group": group, **scores})
     columns = score_columns(pass_k, fast_p)
     table = pd.DataFrame(rows, columns=columns)
-    return table.astype({"n_tasks": "int64", "n_samples": "int64"})
+    return table.astype({"n_tasks": "int64", "n_samples": "int64", "turn": str})
+
+
+def trajectory_verdicts(verdicts: list[pd.DataFrame], candidates: list[pd.DataFrame], model: str) -> pd.DataFrame:
+    """One model's verdicts of turns 1, 2, … (in that order) with each candidate's `sample_idx` and `turn`, from
+    the candidates of the same turns."""
+    if len(candidates) != len(verdicts):
+        raise ValueError(f"model {model!r}: {len(verdicts)} turns of verdicts but {len(candidates)} of candidates")
+    parts = []
+    for turn, (verdict, cands) in enumerate(zip(verdicts, candidates), 1):
+        require_columns(cands, ("candidate_id", "sample_idx"), f"turn {turn} candidates of model {model!r}")
+        joined = verdict.merge(cands.loc[:, ["candidate_id", "sample_idx"]], on="candidate_id", how="left")
+        if joined["sample_idx"].isna().any():
+            missing = joined.loc[joined["sample_idx"].isna(), "candidate_id"].iloc[0]
+            raise ValueError(f"model {model!r}: turn {turn} verdict {missing!r} has no candidate")
+        parts.append(joined.assign(turn=turn))
+    return pd.concat(parts, ignore_index=True).astype({"sample_idx": "int64"})
 
 
 # ---------------------------------------------------------------- difficulty
@@ -163,9 +209,21 @@ def _table_metrics(pass_k) -> list[tuple[str, str]]:
     return [(f"pass@{k}", f"exec@{k}") for k in pass_k] + [(f"{fast}@{k}", f"{fast}@{k}") for k in pass_k]
 
 
+def _turn_labels(scores: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(scores["turn"].astype(str))) if "turn" in scores.columns else ["1"]
+
+
+def _turn_suffix(turn: str, labels: list[str]) -> str:
+    """A results-table column's turn: none with one turn, else `_turn{k}` or `_best`."""
+    if len(labels) == 1:
+        return ""
+    return "_best" if turn == "best" else f"_turn{turn}"
+
+
 def results_table(scores: pd.DataFrame, pass_k, models: dict[str, dict] | None = None) -> pd.DataFrame:
     """The paper's layout: one row per model (kind, generator), per level and over all tasks Exec@k and fast_1@k
-    for each k (fractions; NaN where no task of the group has k samples). Columns `{L1,L2,…,all}_{metric}`."""
+    for each k (fractions; NaN where no task of the group has k samples). Columns `{L1,L2,…,all}_{metric}`; with
+    several turns, one column per turn and best of trajectory: `{…}_{metric}_turn{k}`, `{…}_{metric}_best`."""
     models = models or {}
     metrics = _table_metrics(pass_k)
     missing = [col for col, _ in metrics if col not in scores.columns]
@@ -174,17 +232,23 @@ def results_table(scores: pd.DataFrame, pass_k, models: dict[str, dict] | None =
             f"results table: scores lack {', '.join(missing)} (evaluate.fast_p must include {TABLE_FAST_P})"
         )
     groups = _level_groups(scores)
+    turns = _turn_labels(scores)
+    turn_of = scores["turn"].astype(str) if "turn" in scores.columns else pd.Series("1", index=scores.index)
     rows = []
     for model in dict.fromkeys(scores["model"]):
         info = models.get(model, {})
         row = {"model": model, "kind": info.get("kind", ""), "generator": info.get("generator", "")}
-        mine = scores[scores["model"] == model]
-        for scope, group, prefix in groups:
-            match = mine[(mine["scope"] == scope) & (mine["group"] == group)]
-            for col, label in metrics:
-                row[f"{prefix}_{label}"] = float(match[col].iloc[0]) if len(match) else math.nan
+        for turn in turns:
+            mine = scores[(scores["model"] == model) & (turn_of == turn)]
+            for scope, group, prefix in groups:
+                match = mine[(mine["scope"] == scope) & (mine["group"] == group)]
+                for col, label in metrics:
+                    value = float(match[col].iloc[0]) if len(match) else math.nan
+                    row[f"{prefix}_{label}{_turn_suffix(turn, turns)}"] = value
         rows.append(row)
-    columns = ["model", "kind", "generator"] + [f"{p}_{label}" for _, _, p in groups for _, label in metrics]
+    columns = ["model", "kind", "generator"] + [
+        f"{p}_{label}{_turn_suffix(turn, turns)}" for _, _, p in groups for _, label in metrics for turn in turns
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -232,6 +296,17 @@ def table_markdown(
     settings = config.with_defaults("evaluate", settings)
     metrics = _table_metrics(settings["pass_k"])
     fast = fast_name(TABLE_FAST_P)
+    turns = _turn_labels(scores)
+    every_turn = scores
+    if "turn" in scores.columns:  # the grids show the last turn; "By turn" every turn and best of trajectory
+        last = [t for t in turns if t != "best"][-1]
+        scores = scores[scores["turn"].astype(str) == last]
+    turn_note = (
+        f" After turn {len(turns) - 1} of trajectories of {len(turns) - 1} turns (the verifier's feedback between "
+        "turns; each sample's version after its last turn): every turn under *By turn*."
+        if len(turns) > 1
+        else ""
+    )
     lines = [
         "# Evaluation results",
         "",
@@ -239,7 +314,7 @@ def table_markdown(
         f"PyTorch eager (speedup > {TABLE_FAST_P}); each the mean over tasks of the per-task estimate from "
         f"{settings['samples']} samples per task at temperature {settings['temperature']}; "
         "– where no task of the group has k samples. L1, L2, …: KernelBench levels. Every number is in "
-        "eval/scores.csv; this table is eval/table.csv.",
+        f"eval/scores.csv; this table is eval/table.csv.{turn_note}",
         "",
     ]
     lines += _markdown_grid(
@@ -268,7 +343,33 @@ def table_markdown(
     categories = [("category", c, c) for c in sorted(scores.loc[scores["scope"] == "category", "group"].unique())]
     if categories:
         lines += ["", "## By category", ""] + _markdown_grid(scores, categories, metrics, models)
+    if len(turns) > 1:
+        lines += [
+            "",
+            "## By turn",
+            "",
+            "Every eval task, after each turn (each sample's version after that turn, or its last one when its "
+            "trajectory stopped earlier) and for the best version of each trajectory (correct first, then the "
+            "fastest).",
+            "",
+        ]
+        lines += _turn_grid(every_turn, turns, metrics, models)
     return "\n".join(lines) + "\n"
+
+
+def _turn_grid(scores: pd.DataFrame, turns: list[str], metrics, models) -> list[str]:
+    """Models x (turn, metric) over every task."""
+    titles = ["Best" if t == "best" else f"Turn {t}" for t in turns]
+    header = ["model", "kind"] + [f"{title} {_label(label)}" for title in titles for _, label in metrics]
+    lines = ["| " + " | ".join(header) + " |", "|---|---" + "|---:" * (len(header) - 2) + "|"]
+    overall = scores[(scores["scope"] == "overall") & (scores["group"] == "all")]
+    for model in dict.fromkeys(scores["model"]):
+        cells = [str(model), models.get(model, {}).get("kind", "")]
+        for turn in turns:
+            match = overall[(overall["model"] == model) & (overall["turn"].astype(str) == turn)]
+            cells += [_percent(match[col].iloc[0]) if len(match) else "–" for col, _ in metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 # ---------------------------------------------------------------- the stage
@@ -282,10 +383,12 @@ def run_scoring(
     thresholds: dict,
     models: dict[str, dict],
     outputs,
+    candidate_paths: dict | None = None,
 ) -> None:
-    """Score every model's eval verdicts. `outputs` has .csv (scores.csv), .table_csv, .table_md and .difficulty;
-    `difficulty_path` is the difficulty model's eval candidates; `models` maps each model to its kind and
-    generator."""
+    """Score every model's eval verdicts. `verified_paths` maps each model to its verdicts file, or to a list of
+    them, one per turn (turn 1 first); with several turns `candidate_paths` maps it to the candidates of the same
+    turns. `outputs` has .csv (scores.csv), .table_csv, .table_md and .difficulty; `difficulty_path` is the
+    difficulty model's eval candidates (turn 1); `models` maps each model to its kind and generator."""
     from concur.io import write_csv, write_text
 
     settings = config.with_defaults("evaluate", settings)
@@ -295,14 +398,24 @@ def run_scoring(
     difficulty = task_difficulty(
         pd.read_parquet(difficulty_path), tasks, ref, float(thresholds["easy_below"]), float(thresholds["hard_above"])
     )
-    scores = score(
-        {model: pd.read_parquet(path) for model, path in verified_paths.items()}, tasks, settings, difficulty
-    )
+    verdicts = {}
+    for model, paths in verified_paths.items():
+        paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+        if len(paths) != int(settings["turns"]):
+            raise ValueError(f"model {model!r}: {len(paths)} verdict file(s) for evaluate.turns {settings['turns']}")
+        if len(paths) == 1:
+            verdicts[model] = pd.read_parquet(paths[0])
+            continue
+        cands = (candidate_paths or {}).get(model) or []
+        verdicts[model] = trajectory_verdicts(
+            [pd.read_parquet(p) for p in paths], [pd.read_parquet(p) for p in cands], model
+        )
+    scores = score(verdicts, tasks, settings, difficulty)
     table = results_table(scores, list(settings["pass_k"]), models)
     for frame, path in ((scores, outputs.csv), (table, outputs.table_csv), (difficulty, outputs.difficulty)):
         write_csv(frame, path)
     write_text(table_markdown(scores, settings, models, difficulty, thresholds), outputs.table_md)
-    overall = scores[scores["scope"] == "overall"]
+    overall = scores[(scores["scope"] == "overall") & (scores["turn"] == str(settings["turns"]))]
     log.info(
         "eval scores (exec, overall): %s; difficulty from %s: %s",
         dict(zip(overall["model"], overall["exec"])),

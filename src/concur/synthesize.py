@@ -1,4 +1,6 @@
-"""The synthesize stage: prompts for tasks -> generations from a backend -> the candidates contract.
+"""The synthesize stage: prompts for tasks -> generations from a backend -> the candidates contract; and its
+refinement turns: each version that is not yet correct and fast enough, with the verifier's feedback -> the next
+version (`refine`; the chat and the feedback: `concur.feedback`).
 
 Backends (`concur.backends`) yield `Generation`s; everything after (extraction, token counts, ids) is shared, so
 training candidates and evaluation candidates are produced by the same code. Generation is resumable: every finished
@@ -20,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import contracts
-from .backends import PROMPT_TOO_LONG, Generation, Request, Skipped, make_backend
+from .backends import PROMPT_TOO_LONG, Generation, Request, Skipped, make_backend, wanted_samples
 from .extract import extract
 from .prompts import build_prompt
 from .workflow import drawn_with
@@ -53,8 +55,10 @@ class Synthesized:
     report: list[Skipped] = field(default_factory=list)
 
 
-def candidate_id(generator: str, task_id: str, sample_idx: int) -> str:
-    return hashlib.sha256(f"{generator}\x1f{task_id}\x1f{sample_idx}".encode()).hexdigest()[:16]
+def candidate_id(generator: str, task_id: str, sample_idx: int, turn: int = 1) -> str:
+    """sha256 of (generator, task_id, sample_idx), and the turn after 1 (turn 1's ids are single-turn runs')."""
+    key = f"{generator}\x1f{task_id}\x1f{sample_idx}" + (f"\x1f{turn}" if turn > 1 else "")
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def cap_margin(cap: int) -> int:
@@ -105,8 +109,12 @@ def to_candidates(
     backend: str,
     counter: Counter | None = None,
     cap: int | None = None,
+    turn: int = 1,
+    parents: dict[tuple[str, int], str] | None = None,
 ) -> pd.DataFrame:
     """Extract reasoning/answer/code, count tokens, tell truncation; one row per generation (contracts.CANDIDATES).
+    `prompts` maps a task_id to its prompt, or for a refinement turn (`turn` > 1) a (task_id, sample_idx) to its
+    follow-up message, and `parents` the same pair to the id of the version it refines.
 
     Truncation (`truncated`, `truncation`): `reported` when the finish reason says the cap cut it; else, unless the
     finish reason says the model ended, `detected` when the text ends inside its reasoning or a code fence, or its
@@ -136,12 +144,12 @@ def to_candidates(
         truncation = "reported" if reported else "detected" if detected else ""
         rows.append(
             {
-                "candidate_id": candidate_id(generator, gen.task_id, gen.sample_idx),
+                "candidate_id": candidate_id(generator, gen.task_id, gen.sample_idx, turn),
                 "task_id": gen.task_id,
                 "sample_idx": gen.sample_idx,
                 "generator": generator,
                 "backend": backend,
-                "prompt": gen.prompt or prompts[gen.task_id],
+                "prompt": gen.prompt or (prompts[(gen.task_id, gen.sample_idx)] if turn > 1 else prompts[gen.task_id]),
                 "response": gen.response,
                 "reasoning": parts.reasoning,
                 "answer": parts.answer,
@@ -157,6 +165,8 @@ def to_candidates(
                 "truncated": bool(truncation),
                 "truncation": truncation,
                 "tokenizer": counter.label,
+                "turn": turn,
+                "parent_id": (parents or {}).get((gen.task_id, gen.sample_idx), ""),
             }
         )
     frame = pd.DataFrame(rows, columns=list(contracts.CANDIDATES))
@@ -193,11 +203,13 @@ def checkpoint_path(out_path: str | Path) -> Path:
 
 
 def checkpoint_fingerprint(
-    generator: dict, settings: dict, samples: int, language: str, adapter: str | Path | None
+    generator: dict, settings: dict, samples: int, language: str, adapter: str | Path | None, chats: str = ""
 ) -> str:
     """Identifies what a checkpoint's samples were drawn with: generator entry (but its transport keys, see
-    `workflow.TRANSPORT_KEYS`), sampling settings, adapter."""
+    `workflow.TRANSPORT_KEYS`), sampling settings, adapter; for a refinement turn `chats`, the digest of its
+    requests (the feedback they carry changes with the verdicts before them)."""
     identity = {
+        **({"chats": chats} if chats else {}),
         "generator": drawn_with(generator),
         "sampling": {k: settings.get(k) for k in SAMPLING_KEYS},
         "samples": samples,
@@ -257,7 +269,7 @@ def generate_resumable(
     if checkpoint is None:
         return list(backend.generate(requests, samples))
     done, fh = open_checkpoint(checkpoint, fingerprint)
-    wanted = {(r.task_id, i) for r in requests for i in range(samples)}
+    wanted = {(r.task_id, i) for r in requests for i in wanted_samples(r, samples)}
     done = {key: gen for key, gen in done.items() if key in wanted}  # the shard's tasks may have changed
     with fh:
         for gen in backend.generate(requests, samples, skip=frozenset(done)):
@@ -294,13 +306,122 @@ def synthesize(
     every shard but the first, so that each is reported once)."""
     prompts = {row.task_id: build_prompt(row.code, language) for row in tasks.itertuples()}
     requests = [Request(task_id, prompt) for task_id, prompt in prompts.items()]
-    backend = make_backend(generator, model_specs, settings, adapter)
-    counter = make_counter(generator_name, generator, model_specs, backend)
-    fingerprint = checkpoint_fingerprint(generator, settings, samples, language, adapter)
-    generations = generate_resumable(backend, requests, samples, Path(checkpoint) if checkpoint else None, fingerprint)
-    log.info("%s: %d generations for %d tasks", generator_name, len(generations), len(requests))
+    return _generate(
+        requests,
+        prompts,
+        generator_name,
+        generator,
+        model_specs,
+        settings,
+        language,
+        samples,
+        adapter,
+        checkpoint,
+        all_task_ids,
+    )
+
+
+def refine(
+    tasks: pd.DataFrame,
+    history: pd.DataFrame,
+    verdicts: pd.DataFrame,
+    turn: int,
+    generator_name: str,
+    generator: dict,
+    model_specs: dict,
+    settings: dict,
+    language: str,
+    samples: int,
+    stop_speedup: float | None,
+    adapter: str | Path | None = None,
+    checkpoint: str | Path | None = None,
+) -> Synthesized:
+    """Turn `turn` (> 1) of the trajectories of `tasks`, from `history` (their candidates of turns 1 … turn-1) and
+    `verdicts` (of turn `turn - 1`): each version of turn `turn - 1` that `feedback.needs_refinement` is asked
+    again, in the chat of its trajectory followed by its feedback, for its own sample index. The new candidates
+    carry `turn` and their parent's id."""
+    requests, prompts, parents = refinement_requests(tasks, history, verdicts, turn, stop_speedup)
+    log.info("%s turn %d: %d version(s) of turn %d to refine", generator_name, turn, len(requests), turn - 1)
+    digest = hashlib.sha256(
+        json.dumps([[r.task_id, r.samples, r.history, r.prompt] for r in requests], default=str).encode()
+    ).hexdigest()[:16]
+    return _generate(
+        requests,
+        prompts,
+        generator_name,
+        generator,
+        model_specs,
+        settings,
+        language,
+        samples,
+        adapter,
+        checkpoint,
+        None,
+        turn=turn,
+        parents=parents,
+        chats=digest,
+    )
+
+
+def refinement_requests(
+    tasks: pd.DataFrame, history: pd.DataFrame, verdicts: pd.DataFrame, turn: int, stop_speedup: float | None
+) -> tuple[list[Request], dict[tuple[str, int], str], dict[tuple[str, int], str]]:
+    """The requests of turn `turn` for `tasks`, the follow-up message and the parent id per (task_id,
+    sample_idx)."""
+    from .feedback import Feedback, chain_of, needs_refinement, trajectory_messages
+
+    if turn < 2:
+        raise ValueError(f"refinement turn {turn}: turns after the first are 2, 3, …")
+    history = contracts.conform(history, contracts.CANDIDATES, "earlier turns' candidates")
+    previous = history[(history["turn"] == turn - 1) & history["task_id"].isin(set(tasks["task_id"]))]
+    contracts.require_columns(verdicts, ("candidate_id", "status", "correct", "speedup"), f"turn {turn - 1} verdicts")
+    joined = previous.merge(verdicts.drop(columns=["task_id"], errors="ignore"), on="candidate_id", how="left")
+    unjudged = joined[joined["status"].isna()]
+    if len(unjudged):
+        raise ValueError(f"turn {turn - 1} candidate {unjudged['candidate_id'].iloc[0]!r} has no verdict")
+    by_id = {row["candidate_id"]: row for row in history.to_dict("records")}
+    requests, prompts, parents = [], {}, {}
+    for row in joined.sort_values(["task_id", "sample_idx"], kind="stable").to_dict("records"):
+        correct = bool(row["correct"]) and bool(str(row["code"]).strip())
+        if not needs_refinement(correct, float(row["speedup"]), stop_speedup):
+            continue
+        key = (row["task_id"], int(row["sample_idx"]))
+        prompts[key] = Feedback.from_row(row).message()
+        parents[key] = row["candidate_id"]
+        chat = tuple(trajectory_messages(chain_of(row["candidate_id"], by_id)))
+        requests.append(Request(key[0], prompts[key], chat, (key[1],), turn))
+    return requests, prompts, parents
+
+
+def _generate(
+    requests: list[Request],
+    prompts: dict,
+    generator_name: str,
+    generator: dict,
+    model_specs: dict,
+    settings: dict,
+    language: str,
+    samples: int,
+    adapter: str | Path | None,
+    checkpoint: str | Path | None,
+    all_task_ids: Iterable[str] | None,
+    turn: int = 1,
+    parents: dict | None = None,
+    chats: str = "",
+) -> Synthesized:
+    if not requests and generator["backend"] != "replay":  # nothing to ask: no model is loaded
+        backend_name, generations, backend = generator["backend"], [], None
+        counter = Counter("")
+    else:
+        backend = make_backend(generator, model_specs, settings, adapter)
+        backend_name = backend.name
+        counter = make_counter(generator_name, generator, model_specs, backend)
+        fingerprint = checkpoint_fingerprint(generator, settings, samples, language, adapter, chats)
+        path = Path(checkpoint) if checkpoint else None
+        generations = generate_resumable(backend, requests, samples, path, fingerprint)
+    log.info("%s: %d generations for %d requests", generator_name, len(generations), len(requests))
     cap = generator.get("max_new_tokens") if generator["backend"] == "replay" else settings.get("max_new_tokens")
-    frame = to_candidates(generations, prompts, generator_name, backend.name, counter, cap)
+    frame = to_candidates(generations, prompts, generator_name, backend_name, counter, cap, turn, parents)
     if counter.tokenizer is None and ((frame["reasoning"] != "") & (frame["reasoning_tokens"] == 0)).any():
         log.warning("%s: the server counts no reasoning tokens; set the generator's `tokenizer`", generator_name)
     known = None if all_task_ids is None else set(all_task_ids)
@@ -407,6 +528,41 @@ def run(tasks_path: str, shard: int, n_shards: int, generator_name: str, config:
     write_candidates(made.candidates, out_path)
 
 
+def run_refine(
+    tasks_path: str,
+    history_paths: list,
+    verified_path: str,
+    turn: int,
+    shard: int,
+    n_shards: int,
+    generator_name: str,
+    config: dict,
+    out_path: str,
+) -> None:
+    """The refine stage for one shard of the training tasks: turn `turn`'s candidates and their report, from the
+    earlier turns' candidates of the shard and turn `turn - 1`'s verdicts."""
+    from .io import read_parquets
+    from .tasks import select_shard
+
+    settings = config["synthesize"]
+    made = refine(
+        select_shard(pd.read_parquet(tasks_path), shard, n_shards),
+        read_parquets(history_paths),
+        pd.read_parquet(verified_path),
+        turn,
+        generator_name,
+        config["generators"][generator_name],
+        config["models"],
+        settings,
+        settings["language"],
+        settings["samples_per_task"],
+        settings["stop_speedup"],
+        checkpoint=checkpoint_path(out_path),
+    )
+    write_report(made.report, out_path, f"{generator_name} shard {shard} turn {turn}")
+    write_candidates(made.candidates, out_path)
+
+
 def run_eval_generation(
     tasks_path,
     adapter_dir,
@@ -417,22 +573,46 @@ def run_eval_generation(
     settings: dict,
     language: str,
     out_path,
+    turn: int = 1,
+    history_paths: list | None = None,
+    verified_path=None,
 ) -> None:
     """The eval_generate stage for one evaluated model: the base generator, the base generator with a trained
-    adapter, or a baseline generator, answering every eval task `samples` times (resumable like synthesis)."""
+    adapter, or a baseline generator, answering every eval task `samples` times (resumable like synthesis); for
+    `turn` > 1 the eval_refine stage: the next version of every trajectory still going (`refine`, with the earlier
+    turns' candidates in `history_paths` and turn `turn - 1`'s verdicts in `verified_path`)."""
+    from .io import read_parquets
+
     label = generator_name if adapter_dir is None else f"{generator_name}+{model_name}"
     tasks = pd.read_parquet(tasks_path)
-    made = synthesize(
-        tasks,
-        label,
-        generator,
-        model_specs,
-        settings,
-        language,
-        settings["samples"],
-        adapter=adapter_dir,
-        checkpoint=checkpoint_path(out_path),
-        all_task_ids=tasks["task_id"],
-    )
-    write_report(made.report, out_path, label)
+    if turn > 1:
+        made = refine(
+            tasks,
+            read_parquets(history_paths or []),
+            pd.read_parquet(verified_path),
+            turn,
+            label,
+            generator,
+            model_specs,
+            settings,
+            language,
+            settings["samples"],
+            settings["stop_speedup"],
+            adapter=adapter_dir,
+            checkpoint=checkpoint_path(out_path),
+        )
+    else:
+        made = synthesize(
+            tasks,
+            label,
+            generator,
+            model_specs,
+            settings,
+            language,
+            settings["samples"],
+            adapter=adapter_dir,
+            checkpoint=checkpoint_path(out_path),
+            all_task_ids=tasks["task_id"],
+        )
+    write_report(made.report, out_path, label if turn == 1 else f"{label} turn {turn}")
     write_candidates(made.candidates, out_path)

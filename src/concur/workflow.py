@@ -9,25 +9,16 @@ from __future__ import annotations
 
 import os
 
+from concur.verify.settings import BUILD, VERDICT, VerifySettings
+
 # Keys of the tasks section that are not the stage's settings: the sources are its input, the shards and workers
 # belong to the workflow's plan and the job's cores.
 TASKS_PLAN_KEYS = ("sources", "shards", "workers")
-# Only what changes a build: editing timing or correctness settings must not rerun the compile jobs.
-COMPILE_KEYS = (
-    "device",
-    "mode",
-    "cuda_arch",
-    "host_compiler",
-    "light_cuda_headers",
-    "sandbox",
-    "timeout_s",
-    "memory_limit_mb",
-    "max_processes",
-    "build_cache",
-)
 # What eval generation depends on: changing pass_k, baselines or the difficulty model reruns no generation.
 EVAL_GENERATION_KEYS = ("samples", "temperature", "top_p", "max_new_tokens", "batch_size", "seed", "gpus")
-SCORING_KEYS = ("pass_k", "fast_p", "difficulty_model", "samples", "temperature")
+SCORING_KEYS = ("pass_k", "fast_p", "difficulty_model", "samples", "temperature", "turns")
+# Keys of refinement only: the first turn's jobs leave them out of their params, so more turns rerun no first turn.
+REFINE_KEYS = ("turns", "stop_speedup")
 THRESHOLD_KEYS = ("easy_below", "hard_above")
 # generators whose jobs run no model: an endpoint serves it, or a file holds its answers
 NO_GPU_BACKENDS = ("openai", "replay")
@@ -61,19 +52,44 @@ def generator_params(config: dict, name: str) -> dict:
     return drawn_with(config["generators"][name])
 
 
+def synthesis_settings(config: dict) -> dict:
+    """The synthesize section a first-turn job depends on (without REFINE_KEYS)."""
+    return {key: value for key, value in config["synthesize"].items() if key not in REFINE_KEYS}
+
+
+def refine_settings(config: dict) -> dict:
+    """The synthesize section a refinement turn depends on: what the first turn's does, and `stop_speedup`."""
+    return {**synthesis_settings(config), "stop_speedup": config["synthesize"]["stop_speedup"]}
+
+
+def turn_dir(turn: int) -> list[str]:
+    """The path part of a turn's files: none for turn 1 (single-turn runs' paths), `turn-{k}` after it."""
+    return [] if int(turn) == 1 else [f"turn-{int(turn)}"]
+
+
 def tasks_settings(config: dict) -> dict:
     return {key: value for key, value in config["tasks"].items() if key not in TASKS_PLAN_KEYS}
 
 
+def verifier(config: dict) -> VerifySettings:
+    """The verify section as the compile and verify jobs run it (their scripts and the `concur` command alike), the
+    build cache resolved: <results>/build-cache unless set."""
+    section = config["verify"]
+    return VerifySettings.from_dict(
+        {**section, "build_cache": section["build_cache"] or results_path(config, "build-cache")}
+    )
+
+
 def verify_settings(config: dict) -> dict:
-    """The verify section with the build cache resolved (<results>/build-cache unless set), shared by the compile
-    and verify jobs."""
-    cache = config["verify"]["build_cache"] or results_path(config, "build-cache")
-    return {**config["verify"], "build_cache": cache}
+    """The verify rule's params: what a verdict depends on (VerifySettings' VERDICT fields); processes, cores and
+    GPUs rerun nothing."""
+    return verifier(config).to_dict(VERDICT)
 
 
 def compile_settings(config: dict) -> dict:
-    return {key: value for key, value in verify_settings(config).items() if key in COMPILE_KEYS}
+    """The compile rule's params: what a build depends on (VerifySettings' BUILD fields); editing timing or
+    correctness settings reruns no compile job."""
+    return verifier(config).to_dict(BUILD)
 
 
 def evaluates(config: dict) -> bool:
@@ -102,6 +118,11 @@ def eval_gpus(config: dict, model: str) -> int:
 
 def eval_generation_settings(config: dict) -> dict:
     return {key: config["evaluate"][key] for key in EVAL_GENERATION_KEYS}
+
+
+def eval_refine_settings(config: dict) -> dict:
+    """What an eval refinement turn depends on: eval generation's settings and `stop_speedup`."""
+    return {**eval_generation_settings(config), "stop_speedup": config["evaluate"]["stop_speedup"]}
 
 
 def eval_model_info(config: dict) -> dict[str, dict]:

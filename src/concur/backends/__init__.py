@@ -2,18 +2,32 @@
 
 A backend turns requests (task id + user message) into `Generation`s (`base`):
 
-* replay: generations made elsewhere (the demo's file).
+* replay: generations made elsewhere (the demo's file), every turn of a trajectory from its own rows.
 * transformers: batched Hugging Face sampling, optionally with a peft adapter (`local`).
 * vllm: offline vLLM (`LLM.chat`, tensor parallel, a LoRA adapter per request; `local`).
 * openai: any OpenAI-compatible chat-completions endpoint (`vllm serve`, llama.cpp's server, a hosted API),
   standard library HTTP (`endpoint`; its requests, retries and event streams: `transport`).
+
+A refinement turn's request carries the trajectory's earlier messages (`Request.history`): transformers, vllm and
+openai send them as one multi-turn chat.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .base import NOTHING, PROMPT_TOO_LONG, Backend, Generation, Request, Skipped, chat, missing_samples
+from .base import (
+    NOTHING,
+    PROMPT_TOO_LONG,
+    Backend,
+    Generation,
+    Request,
+    Skipped,
+    chat,
+    messages,
+    missing_samples,
+    wanted_samples,
+)
 from .endpoint import OpenAIBackend, api_key, parse_choices, usage_counts
 from .local import TransformersBackend, VLLMBackend, completions, engine_kwargs
 from .replay import ReplayBackend
@@ -38,12 +52,14 @@ __all__ = [
     "completions",
     "engine_kwargs",
     "make_backend",
+    "messages",
     "missing_samples",
     "model_spec",
     "parse_choices",
     "read_stream",
     "retry_after",
     "usage_counts",
+    "wanted_samples",
 ]
 
 

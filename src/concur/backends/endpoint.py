@@ -10,7 +10,7 @@ from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from .. import config
-from .base import NOTHING, PROMPT_TOO_LONG, Generation, Request, chat, missing_samples
+from .base import NOTHING, PROMPT_TOO_LONG, Generation, Request, messages, missing_samples
 from .transport import ServerError, call
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,8 @@ class OpenAIBackend:
         if self.request_n:
             jobs = [(r, missing_samples(r, samples, skip)) for r in requests]
             return [(r, indices) for r, indices in jobs if indices]
-        return [(r, [i]) for i in range(samples) for r in requests if (r.task_id, i) not in skip]
+        singles = [(i, r) for r in requests for i in missing_samples(r, samples, skip)]
+        return [(r, [i]) for i, r in sorted(singles, key=lambda pair: pair[0])]  # every prompt's sample 0 first
 
     def _answer(self, req: Request, indices: list[int]) -> list[Generation]:
         """Every sample in `indices`, asking again for those a short answer left out."""
@@ -141,7 +142,7 @@ class OpenAIBackend:
         seed = int(self.settings["seed"]) + indices[0]
         body = {
             "model": self.model,
-            "messages": chat(req.prompt),
+            "messages": messages(req),
             "temperature": self.settings["temperature"],
             "top_p": self.settings["top_p"],
             "max_tokens": self.settings["max_new_tokens"],

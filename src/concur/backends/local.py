@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from .. import config
-from .base import NOTHING, Generation, Request, chat, missing_samples
+from .base import NOTHING, Generation, Request, messages, missing_samples, wanted_samples
 
 
 class TransformersBackend:
@@ -64,7 +64,7 @@ class TransformersBackend:
 
     def _encode(self, requests: list[Request]):
         texts = [
-            self.tokenizer.apply_chat_template(chat(r.prompt), tokenize=False, add_generation_prompt=True)
+            self.tokenizer.apply_chat_template(messages(r), tokenize=False, add_generation_prompt=True)
             for r in requests
         ]
         return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
@@ -144,21 +144,27 @@ class VLLMBackend:
     ) -> Iterator[Generation]:
         todo = [r for r in requests if missing_samples(r, samples, skip)]
         seed = int(self.settings["seed"])
-        params = self.vllm.SamplingParams(
-            n=samples,
+        lora = self._lora_request()
+        for start in range(0, len(todo), self.chunk):
+            chunk = todo[start : start + self.chunk]
+            # every sample a request asks for (a refinement turn: its trajectory's one), drawn in one request
+            wanted = [wanted_samples(r, samples) for r in chunk]
+            params = [self._params(len(indices), seed) for indices in wanted]
+            same = len({len(indices) for indices in wanted}) == 1
+            outputs = self.llm.chat([messages(r) for r in chunk], params[0] if same else params, lora_request=lora)
+            if len(outputs) != len(chunk):
+                raise RuntimeError(f"vllm returned {len(outputs)} outputs for {len(chunk)} prompts")
+            for req, out, indices in zip(chunk, outputs, wanted):
+                yield from completions(req, out, seed, indices)
+
+    def _params(self, n: int, seed: int):
+        return self.vllm.SamplingParams(
+            n=n,
             temperature=self.settings["temperature"],
             top_p=self.settings["top_p"],
             max_tokens=self.settings["max_new_tokens"],
             seed=seed,
         )
-        lora = self._lora_request()
-        for start in range(0, len(todo), self.chunk):
-            chunk = todo[start : start + self.chunk]
-            outputs = self.llm.chat([chat(r.prompt) for r in chunk], params, lora_request=lora)
-            if len(outputs) != len(chunk):
-                raise RuntimeError(f"vllm returned {len(outputs)} outputs for {len(chunk)} prompts")
-            for req, out in zip(chunk, outputs):
-                yield from completions(req, out, seed)
 
     def own_tokenizer(self):
         """The engine's tokenizer (the model's own), for counting tokens."""
@@ -197,10 +203,12 @@ def engine_kwargs(generator: dict, model_spec: dict, settings: dict, adapter: st
     return kwargs
 
 
-def completions(req: Request, output, seed: int) -> Iterator[Generation]:
-    """Generations from one vLLM RequestOutput (its `outputs` are CompletionOutputs, `index` = sample)."""
+def completions(req: Request, output, seed: int, indices: list[int] | None = None) -> Iterator[Generation]:
+    """Generations from one vLLM RequestOutput (its `outputs` are CompletionOutputs, `index` = the position among
+    the request's samples: sample `indices[index]`, or `index` itself without `indices`)."""
     for position, comp in enumerate(output.outputs):
-        idx = getattr(comp, "index", position)
+        idx = int(getattr(comp, "index", position))
+        idx = indices[idx] if indices is not None else idx
         yield Generation(
-            req.task_id, int(idx), comp.text, comp.finish_reason or "unfinished", seed, None, len(comp.token_ids)
+            req.task_id, idx, comp.text, comp.finish_reason or "unfinished", seed, None, len(comp.token_ids)
         )

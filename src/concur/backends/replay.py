@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .base import NOTHING, Generation, Request, Skipped
+from .base import NOTHING, Generation, Request, Skipped, wanted_samples
 
 log = logging.getLogger(__name__)
 
@@ -18,10 +18,14 @@ OPTIONAL_STR = ("reasoning", "finish_reason", "prompt")
 
 class ReplayBackend:
     """Generations made elsewhere, from JSONL or parquet rows with `task_id`, `response` and optionally
-    `sample_idx` (else the row's order within its task), `reasoning`, `finish_reason`, `prompt`, `seed`.
+    `sample_idx` (else the row's order within its task and turn), `turn` (1 unless given: a row of turn k > 1 is
+    the refined version of the same sample's turn k-1 row, its parent), `reasoning`, `finish_reason`, `prompt`,
+    `seed`.
 
-    Rows not yielded are listed in `skipped` once `generate` has run: rows for tasks this job was not asked for,
-    rows past `samples`, and a second row for a (task_id, sample_idx) already read (the first one is kept)."""
+    A job reads the rows of the turn its requests name; rows of other turns are its jobs'. Rows not yielded are
+    listed in `skipped` once `generate` has run: rows (of any turn) for tasks this job was not asked for, rows past
+    `samples`, a second row for a (task_id, sample_idx, turn) already read (the first one is kept), and rows of a
+    refinement turn whose trajectory was not asked for (its parent needed no refinement, or was not written)."""
 
     name = "replay"
 
@@ -34,16 +38,24 @@ class ReplayBackend:
         self, requests: list[Request], samples: int, skip: Collection[tuple[str, int]] = NOTHING
     ) -> Iterator[Generation]:
         wanted = {r.task_id for r in requests}
+        turn = requests[0].turn if requests else 1
+        asked = {(r.task_id, i) for r in requests for i in wanted_samples(r, samples)}
         self.skipped = []
-        next_idx: dict[str, int] = {}
+        next_idx: dict[tuple[str, int], int] = {}
         seen: set[tuple[str, int]] = set()
+        found: set[str] = set()
         for number, row in enumerate(self.rows, 1):
-            task_id = row["task_id"]
-            idx = int(row["sample_idx"]) if row.get("sample_idx") is not None else next_idx.get(task_id, 0)
-            next_idx[task_id] = max(next_idx.get(task_id, 0), idx + 1)
+            task_id, row_turn = row["task_id"], int(row.get("turn") or 1)
+            slot = (task_id, row_turn)
+            idx = int(row["sample_idx"]) if row.get("sample_idx") is not None else next_idx.get(slot, 0)
+            next_idx[slot] = max(next_idx.get(slot, 0), idx + 1)
             if task_id not in wanted:
-                self.skipped.append(Skipped("other_task", task_id, idx, f"{self.path.name} row {number}"))
+                if row_turn == 1 or turn == 1:  # every turn's rows of a task in no split, once (by turn 1's job)
+                    self.skipped.append(Skipped("other_task", task_id, idx, f"{self.path.name} row {number}"))
                 continue
+            if row_turn != turn:
+                continue
+            found.add(task_id)
             if idx >= samples:
                 self.skipped.append(
                     Skipped("past_samples", task_id, idx, f"sample {idx} >= samples per task ({samples})")
@@ -53,6 +65,11 @@ class ReplayBackend:
                 self.skipped.append(Skipped("duplicate", task_id, idx, f"{self.path.name} row {number}"))
                 continue
             seen.add((task_id, idx))
+            if (task_id, idx) not in asked:
+                self.skipped.append(
+                    Skipped("stopped", task_id, idx, f"turn {turn}: its turn {turn - 1} version is not refined")
+                )
+                continue
             if (task_id, idx) in skip:
                 continue
             yield Generation(
@@ -64,9 +81,10 @@ class ReplayBackend:
                 row.get("reasoning") or None,
                 prompt=row.get("prompt") or None,
             )
-        absent = sorted(wanted - set(next_idx))
+        absent = sorted(wanted - found)
         if absent:
-            log.warning("%s has no generations for %d task(s), e.g. %s", self.path, len(absent), absent[0])
+            what = "generations" if turn == 1 else f"turn-{turn} generations"
+            log.warning("%s has no %s for %d task(s), e.g. %s", self.path, what, len(absent), absent[0])
 
 
 def _read_generations(path: Path) -> list[dict]:
@@ -99,4 +117,9 @@ def _read_generations(path: Path) -> list[dict]:
             isinstance(idx, (int, float)) and not isinstance(idx, bool) and idx >= 0 and idx == int(idx)
         ):
             raise ValueError(f"{where(i)}: sample_idx {idx!r} is not a non-negative integer")
+        turn = row.get("turn")
+        if turn is not None and not (
+            isinstance(turn, (int, float)) and not isinstance(turn, bool) and turn >= 1 and turn == int(turn)
+        ):
+            raise ValueError(f"{where(i)}: turn {turn!r} is not a positive integer")
     return rows
