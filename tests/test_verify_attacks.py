@@ -28,7 +28,7 @@ def verdicts(tmp_path_factory):
     builds = compile_frame(candidates, settings, tmp_path_factory.mktemp("compile"), progress=False)
     assert set(builds["status"]) == {"built"}, builds[["candidate_id", "status", "reason"]]
     table = verify_frame(candidates, tasks, settings, tmp_path_factory.mktemp("verify"), False, builds=builds)
-    loose = candidates[candidates["candidate_id"] == "precision_bf16"]
+    loose = candidates[candidates["candidate_id"].isin(["precision_bf16", "precision_when_timed", "honest"])]
     lenient = verify_frame(loose, tasks, {**settings, "atol": 5e-2, "rtol": 5e-2}, tmp_path_factory.mktemp("lenient"),
                            False, builds=builds)  # fmt: skip
     return table.set_index("candidate_id"), lenient.set_index("candidate_id")
@@ -44,6 +44,7 @@ def test_honest_kernels_pass(verdicts):
     for name in ("honest", "honest_partial"):  # the addition left in torch is a partial replacement, not a ghost
         assert table.loc[name, "status"] == "correct", table.loc[name, "reason"]
         assert table.loc[name, "speedup"] > 0 and table.loc[name, "trusted"]
+        assert not [f for f in table.loc[name, "flags"].split(",") if f.startswith(("precision:", "timing:beats"))]
 
 
 def test_forged_replies_and_result_files_change_nothing(verdicts):
@@ -117,6 +118,18 @@ def test_lower_precision_fails_a_float32_tolerance_and_is_flagged_under_a_loose_
     assert status(verdicts, "precision_bf16")[0] == "incorrect"
     lenient = verdicts[1].loc["precision_bf16"]
     assert lenient["status"] == "correct" and "precision:bf16" in lenient["flags"]
+
+
+def test_lower_precision_on_timed_calls_only_is_judged_on_a_timed_call(verdicts):
+    """Float32 on the correctness trials, bfloat16 on the timed calls: one timed call, drawn in secret, is checked
+    whole and against the float64 reference, so at float32's tolerance it fails there and under a loose one it is
+    flagged. The honest kernel, judged the same way, keeps a clean verdict."""
+    got, reason = status(verdicts, "precision_when_timed")
+    assert got == "incorrect" and reason.startswith("check:timed_outputs"), reason
+    lenient = verdicts[1]
+    assert lenient.loc["precision_when_timed", "status"] == "correct"
+    assert "precision:bf16" in lenient.loc["precision_when_timed", "flags"]
+    assert lenient.loc["honest", "status"] == "correct" and "precision:" not in lenient.loc["honest", "flags"]
 
 
 @pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (signal scoping)")

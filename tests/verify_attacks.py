@@ -216,6 +216,13 @@ class Lazy(torch.Tensor):
     "backend_flags": ("torch.set_num_threads(max(8, torch.get_num_threads() * 4))\n", HONEST_FORWARD),
     # computes in bfloat16 inside the kernel
     "precision_bf16": ("", "return ext.relu_add_bf16(x, y, self.scale)"),
+    # float32 on the first calls (the correctness trials, the float64 comparison among them), bfloat16 on every call
+    # after them (the timed batches), where only sampled elements were once checked
+    "precision_when_timed": (
+        "_calls = [0]\n",
+        "_calls[0] += 1\nif _calls[0] > 8:\n    return ext.relu_add_bf16(x, y, self.scale)\n"
+        "return ext.relu_add(x, y, self.scale)",
+    ),
     # returns at once; a background thread writes the output after the reply
     "background_thread": (
         """

@@ -238,6 +238,8 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             "per_call_ms": {"ref": plan["per_call"], "new": steady},
         }
         return inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
+    # the timed call checked whole, drawn in secret before any batch runs (the last batch's, if timing stops first)
+    whole_at, whole = (secrets.randbelow(len(plan["batches"])), secrets.randbelow(calls)), None
     with referee.quiet():
         if not timing.warm_already(facts.get("call_s", []), float(settings["timing_min_s"])):
             warm_up(referee, task, candidate, calls, settings, ask, deadline)
@@ -248,6 +250,9 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                 at, mismatch = checks.batch_structure(batch["metas"], task.meta, calls)
                 timed["mismatch"] = f"call {number * calls + at + 1}: {mismatch}"
                 break
+            if number <= whole_at[0]:  # kept past the next batch's hand-off, which lands in the same arena
+                i = whole_at[1]
+                whole = (number * calls + i + 1, seeds[i], batch["values"][i], [_kept(torch, o) for o in outputs[i]])
             forward.append(batch["forward_ms"])
             stages.append(batch["stage_ms"])
             prepares.append(batch["prepare_ms"])
@@ -270,6 +275,8 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                 billed, calls, float(settings["timing_min_s"]), reference["median_ms"]
             ):
                 break
+    if whole is not None and not timed["mismatch"]:
+        timed["mismatch"] = check_whole(referee, task, settings, facts, *whole)
     facts["timed"] = timed
     if forward:
         per_call = timing.per_call_times(forward, task.overhead_ms, calls)
@@ -299,6 +306,26 @@ def charged(forward: list[float], stages: list[float], handoffs: list[float], pl
     calls = plan["calls"]
     per_call = timing.per_call_times(forward, overhead_ms, calls)
     return timing.charged(per_call, [stages, handoffs], [plan["stage"], plan["handoff"]], calls)
+
+
+def _kept(torch, leaf):
+    return leaf.clone() if isinstance(leaf, torch.Tensor) else leaf
+
+
+def check_whole(referee, task, settings, facts, number: int, seed: int, values: list, outputs: list) -> str | None:
+    """One timed call, drawn in secret, checked as the first correctness trial is: every element against the
+    reference's outputs on its inputs, and the errors of both against the reference run in float64
+    (`facts["precision_timed"]`; checks.precision_flag reads the worse of it and the trial's). So a candidate that
+    told timed calls from graded ones, and cut corners only on the timed, is judged on one of them in full. Returns
+    the mismatch, as the sampled check words it."""
+    from concur.verify.evaluation import precision, reference_outputs
+
+    ref = reference_outputs(referee, task, values, seed)
+    found = checks.compare(outputs, ref, settings, strict_finite=True)
+    if not checks.passes(found):
+        return f"call {number}: {checks.trial_failure(found)}"
+    facts["precision_timed"] = precision(referee, task, values, ref, outputs, seed)
+    return None
 
 
 def sample_mismatch(torch, picked: list, leaves: list, kept: list, settings: dict) -> str | None:
