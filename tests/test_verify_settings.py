@@ -21,6 +21,8 @@ def changed(key: str, value):
     spec = SCHEMA[key]
     if "enum" in spec:
         return next(v for v in spec["enum"] if v != value)
+    if isinstance(value, list):  # baselines: one more of its items' values
+        return value + [next(v for v in spec["items"]["enum"] if v not in value)]
     if isinstance(value, bool):
         return not value
     if isinstance(value, int | float):
@@ -45,6 +47,14 @@ def test_what_each_field_changes_is_marked():
     # the two keys once missing from the compile rule: a build's headers and its candidate code's confinement
     assert {"light_cuda_headers", "sandbox"} <= set(VerifySettings.keys(BUILD))
     assert set(VerifySettings.plan_keys()) == {"workers", "compile_workers", "compile_threads", "gpus"}
+
+
+def test_baselines_change_verdicts_and_what_a_referee_times_but_no_build_or_probe():
+    assert "baselines" in VerifySettings.keys(VERDICT) and "baselines" in VerifySettings.keys(REFEREE)
+    assert "baselines" not in VerifySettings.keys(BUILD) + VerifySettings.keys(PROBE)
+    assert VerifySettings.from_dict({}).baselines == ["eager"]
+    with pytest.raises(ValueError, match="verify.baselines"):
+        VerifySettings.from_dict({"baselines": ["jit"]})
 
 
 def test_settings_are_checked_against_the_schema():

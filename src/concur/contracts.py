@@ -16,7 +16,30 @@ TASKS = {
     "category": "str",
     "n_ops": "int",
     "origin": "str",
+    "precision": "str",
 }
+
+# the precisions a task runs in (tasks' `precision`): floating inputs and weights cast to the dtype, as KernelBench's
+# eval_kernel_against_ref(precision=...) casts them
+PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+# what the reference is timed under besides eager (verify.baselines): torch.compile with inductor's default mode,
+# or one of the modes KernelBench sweeps; each gives the verdicts a speedup column (speedup_column)
+COMPILE_BASELINES = {
+    "compile": "default",
+    "compile-reduce-overhead": "reduce-overhead",
+    "compile-max-autotune": "max-autotune",
+    "compile-max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
+}
+BASELINES = ("eager", *COMPILE_BASELINES)
+
+
+def speedup_column(baseline: str) -> str:
+    """The verdicts' speedup over `baseline`: `speedup` for eager (as ever), `speedup_<name>` for the others."""
+    if baseline not in BASELINES:
+        raise ValueError(f"unknown baseline {baseline!r}; known: {', '.join(BASELINES)}")
+    return "speedup" if baseline == "eager" else "speedup_" + baseline.replace("-", "_")
+
 
 CANDIDATES = {
     "candidate_id": "str",
@@ -61,6 +84,7 @@ VERDICTS = {
     "ref_best_ms": "float",
     "new_best_ms": "float",
     "speedup": "float",
+    **{speedup_column(b): "float" for b in COMPILE_BASELINES},  # NaN where that baseline was not timed
     "max_abs_err": "float",
     "device": "str",
     "verify_mode": "str",
@@ -100,7 +124,13 @@ DATASET = {
 
 # columns a frame may lack, read as these values: files and writers of single-turn runs (turn 1, no parent, no
 # earlier messages)
-ABSENT_AS = {"turn": 1, "parent_id": "", "history": "[]"}
+ABSENT_AS = {
+    "turn": 1,
+    "parent_id": "",
+    "history": "[]",
+    "precision": "fp32",  # tasks made before tasks had a precision: KernelBench's default
+    **{speedup_column(b): float("nan") for b in COMPILE_BASELINES},  # verdicts made before baselines
+}
 
 BUILD_STATUSES = ("built", "cached", "no_build", "compile_error", "timeout", "runtime_error", "no_code", "rejected")
 STATUSES = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "no_code")

@@ -83,6 +83,17 @@ def _require_unique(frame: pd.DataFrame, column: str, what: str) -> None:
         raise ValueError(f"{what}: duplicate {column} {dup.iloc[0]!r}")
 
 
+def over_baseline(verdicts: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """`verdicts` whose `speedup` is over `baseline` (curate.baseline): eager's own, or that baseline's column, which
+    the verify step must have timed (verify.baselines)."""
+    column = contracts.speedup_column(baseline)
+    if column == "speedup":
+        return verdicts
+    if column not in verdicts.columns or verdicts[column].isna().all():
+        raise ValueError(f"curate.baseline is {baseline!r} but no verdict has {column} (add it to verify.baselines)")
+    return verdicts.assign(speedup=verdicts[column])
+
+
 def join_candidates(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame) -> pd.DataFrame:
     """One row per candidate with its verdict (correct, speedup, trusted, flags) and its task (name, category,
     level), the candidates' reading and truncation columns included (filled in for older files: concur.screening).
@@ -273,7 +284,8 @@ def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame
         raise ValueError(f"curate.ablations: unknown subset {unknown[0]!r} (known: {', '.join(ABLATIONS)})")
 
     allow_reduced = bool(settings["allow_reduced_precision"])
-    joined = join_candidates(candidates, verdicts, tasks)
+    baseline = settings["baseline"]
+    joined = join_candidates(candidates, over_baseline(verdicts, baseline), tasks)
     screened = screening.screen(joined, bool(settings["include_truncated"]))
     kept = screened.kept
     flagged = kept["correct"] & screening.reduced_precision(kept)
@@ -326,6 +338,7 @@ def curate(candidates: pd.DataFrame, verdicts: pd.DataFrame, tasks: pd.DataFrame
             "records": records,
             "selection": selection,
             "speedup_threshold": threshold,
+            "baseline": baseline,
             "single_op_share": share,
             "ablations": ablations,
             "seed": seed,

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from concur import config
+from concur import config, contracts
 from concur.contracts import require_columns
 from concur.metrics import DIFFICULTIES, check_thresholds, difficulty_labels, geomean, pass_at_k
 
@@ -44,15 +44,31 @@ def fast_name(p: float) -> str:
     return f"fast_{p:g}"
 
 
-def score_columns(pass_k, fast_p) -> list[str]:
-    """The scores.csv columns, in order."""
+def score_columns(pass_k, fast_p, baselines=()) -> list[str]:
+    """The scores.csv columns, in order: fast_p over eager, then over each other baseline timed
+    (`fast_{p}_{baseline}`, e.g. fast_1_compile: verify.baselines)."""
+    suffixes = [""] + [_suffix(b) for b in baselines]
     return (
         ["model", "turn", "scope", "group", "n_tasks", "n_samples", "exec"]
         + [f"pass@{k}" for k in pass_k]
-        + [fast_name(p) for p in fast_p]
-        + [f"{fast_name(p)}@{k}" for p in fast_p for k in pass_k]
+        + [fast_name(p) + s for s in suffixes for p in fast_p]
+        + [f"{fast_name(p)}{s}@{k}" for s in suffixes for p in fast_p for k in pass_k]
         + ["mean_speedup", "geomean_speedup"]
     )
+
+
+def _suffix(baseline: str) -> str:
+    """What a baseline's scores add to fast_p's name: `_compile`, `_compile_max_autotune`, …"""
+    return contracts.speedup_column(baseline).removeprefix("speedup")
+
+
+def timed_baselines(frame: pd.DataFrame) -> list[str]:
+    """The baselines besides eager that some verdict of `frame` has a speedup over (verify.baselines)."""
+    return [
+        b
+        for b in contracts.COMPILE_BASELINES
+        if contracts.speedup_column(b) in frame.columns and frame[contracts.speedup_column(b)].notna().any()
+    ]
 
 
 def _mean_pass_at_k(per_task: pd.DataFrame, success: str, k: int) -> float:
@@ -61,25 +77,29 @@ def _mean_pass_at_k(per_task: pd.DataFrame, success: str, k: int) -> float:
     return float(np.mean(estimates)) if estimates else math.nan
 
 
-def _group_scores(frame: pd.DataFrame, pass_k, fast_p) -> dict:
+def _group_scores(frame: pd.DataFrame, pass_k, fast_p, baselines=()) -> dict:
     correct = frame["correct"].to_numpy(dtype=bool)
     speedup = frame["speedup"].to_numpy(dtype=float)
     row: dict = {"n_tasks": int(frame["task_id"].nunique()), "n_samples": len(frame)}
     row["exec"] = float(correct.mean()) if len(frame) else math.nan
 
     flags = frame[["task_id"]].assign(ok=correct)
-    for p in fast_p:
-        # NaN > p is False: an unmeasured speedup (timing:unresolved) never counts as fast, but as fast_0 (> 0)
-        flags[fast_name(p)] = correct & ((speedup > p) | ((p <= 0) & np.isnan(speedup)))
+    over = [("", speedup)] + [(_suffix(b), frame[contracts.speedup_column(b)].to_numpy(dtype=float)) for b in baselines]
+    for suffix, times in over:
+        for p in fast_p:
+            # NaN > p is False: an unmeasured speedup (timing:unresolved) never counts as fast, but as fast_0 (> 0)
+            flags[fast_name(p) + suffix] = correct & ((times > p) | ((p <= 0) & np.isnan(times)))
     per_task = flags.groupby("task_id").agg(n=("ok", "size"), **{col: (col, "sum") for col in flags.columns[1:]})
 
     for k in pass_k:
         row[f"pass@{k}"] = _mean_pass_at_k(per_task, "ok", k)
-    for p in fast_p:
-        row[fast_name(p)] = float(flags[fast_name(p)].mean()) if len(frame) else math.nan
-    for p in fast_p:
-        for k in pass_k:
-            row[f"{fast_name(p)}@{k}"] = _mean_pass_at_k(per_task, fast_name(p), k)
+    for suffix, _ in over:
+        for p in fast_p:
+            row[fast_name(p) + suffix] = float(flags[fast_name(p) + suffix].mean()) if len(frame) else math.nan
+    for suffix, _ in over:
+        for p in fast_p:
+            for k in pass_k:
+                row[f"{fast_name(p)}{suffix}@{k}"] = _mean_pass_at_k(per_task, fast_name(p) + suffix, k)
 
     measured = speedup[correct & ~np.isnan(speedup)]
     row["mean_speedup"] = float(measured.mean()) if len(measured) else math.nan
@@ -97,7 +117,8 @@ def _with_task_info(
     info = tasks.loc[:, ["task_id", "level", "category"]].drop_duplicates("task_id")
     if difficulty is not None:
         info = info.merge(difficulty.loc[:, ["task_id", "difficulty"]], on="task_id", how="left")
-    keep = ["task_id", "correct", "speedup"] + [c for c in ("sample_idx", "turn") if c in verdicts.columns]
+    extra = ("sample_idx", "turn", *(contracts.speedup_column(b) for b in contracts.COMPILE_BASELINES))
+    keep = ["task_id", "correct", "speedup"] + [c for c in extra if c in verdicts.columns]
     joined = verdicts.loc[:, keep].merge(info, on="task_id", how="left")
     return joined.astype({"correct": bool, "speedup": float, "level": "int64"})
 
@@ -133,6 +154,8 @@ def score(
     scored after every turn and for the best version of each trajectory (`turn_states`)."""
     settings = config.with_defaults("evaluate", settings)
     pass_k, fast_p = list(settings["pass_k"]), list(settings["fast_p"])
+    timed = {b for verdicts in verdicts_by_model.values() for b in timed_baselines(verdicts)}
+    baselines = [b for b in contracts.COMPILE_BASELINES if b in timed]
     rows = []
     for model, verdicts in verdicts_by_model.items():
         whole = _with_task_info(verdicts, tasks, model, difficulty)
@@ -147,9 +170,9 @@ def score(
                     if (frame["difficulty"] == band).any()
                 ]
             for scope, group, part in groups:
-                scores = _group_scores(part, pass_k, fast_p)
+                scores = _group_scores(part, pass_k, fast_p, baselines)
                 rows.append({"model": model, "turn": turn, "scope": scope, "group": group, **scores})
-    columns = score_columns(pass_k, fast_p)
+    columns = score_columns(pass_k, fast_p, baselines)
     table = pd.DataFrame(rows, columns=columns)
     return table.astype({"n_tasks": "int64", "n_samples": "int64", "turn": str})
 
@@ -203,10 +226,14 @@ def _level_groups(scores: pd.DataFrame) -> list[tuple[str, str, str]]:
     return [("level", lv, f"L{lv}") for lv in levels] + [("overall", "all", "all")]
 
 
-def _table_metrics(pass_k) -> list[tuple[str, str]]:
-    """(scores.csv column, table label) pairs: Exec@k for every k, then fast_1@k."""
+def _table_metrics(pass_k, columns=()) -> list[tuple[str, str]]:
+    """(scores.csv column, table label) pairs: Exec@k for every k, then fast_1@k, then fast_1@k over each other
+    baseline the scores have (`columns`: theirs)."""
     fast = fast_name(TABLE_FAST_P)
-    return [(f"pass@{k}", f"exec@{k}") for k in pass_k] + [(f"{fast}@{k}", f"{fast}@{k}") for k in pass_k]
+    over = [""] + [_suffix(b) for b in contracts.COMPILE_BASELINES if f"{fast}{_suffix(b)}@{pass_k[0]}" in columns]
+    return [(f"pass@{k}", f"exec@{k}") for k in pass_k] + [
+        (f"{fast}{s}@{k}", f"{fast}{s}@{k}") for s in over for k in pass_k
+    ]
 
 
 def _turn_labels(scores: pd.DataFrame) -> list[str]:
@@ -225,7 +252,7 @@ def results_table(scores: pd.DataFrame, pass_k, models: dict[str, dict] | None =
     for each k (fractions; NaN where no task of the group has k samples). Columns `{L1,L2,…,all}_{metric}`; with
     several turns, one column per turn and best of trajectory: `{…}_{metric}_turn{k}`, `{…}_{metric}_best`."""
     models = models or {}
-    metrics = _table_metrics(pass_k)
+    metrics = _table_metrics(pass_k, scores.columns)
     missing = [col for col, _ in metrics if col not in scores.columns]
     if missing:
         raise ValueError(
@@ -294,7 +321,7 @@ def table_markdown(
     if scores.empty:
         return "# Evaluation results\n\nNo evaluation scores.\n"
     settings = config.with_defaults("evaluate", settings)
-    metrics = _table_metrics(settings["pass_k"])
+    metrics = _table_metrics(settings["pass_k"], scores.columns)
     fast = fast_name(TABLE_FAST_P)
     turns = _turn_labels(scores)
     every_turn = scores
@@ -311,7 +338,8 @@ def table_markdown(
         "# Evaluation results",
         "",
         f"Values in %. Exec@k: unbiased pass@k of a correct kernel; {fast}@k: of a correct kernel faster than "
-        f"PyTorch eager (speedup > {TABLE_FAST_P}); each the mean over tasks of the per-task estimate from "
+        f"PyTorch eager (speedup > {TABLE_FAST_P}; {fast}_compile…@k: over the reference under torch.compile in "
+        "that inductor mode, where verify.baselines timed it); each the mean over tasks of the per-task estimate from "
         f"{settings['samples']} samples per task at temperature {settings['temperature']}; "
         "– where no task of the group has k samples. L1, L2, …: KernelBench levels. Every number is in "
         f"eval/scores.csv; this table is eval/table.csv.{turn_note}",

@@ -121,6 +121,7 @@ def _load_sources(sources: list[dict]) -> tuple[pd.DataFrame, list[dict]]:
     rows, rejected = [], []
     for source in sources:
         loaded, refused = SOURCES[source["kind"]](source)
+        loaded = [{**row, "precision": source.get("precision") or "fp32"} for row in loaded]
         log.info("source %s %s: %d programs, %d rejected", source["kind"], source["path"], len(loaded), len(refused))
         rows += loaded
         rejected += refused

@@ -12,7 +12,7 @@ import pandas as pd
 
 from concur import contracts
 from concur.io import write_parquet, write_text
-from concur.verify import checks, compiling, orchestrate, timing
+from concur.verify import baselines, checks, compiling, orchestrate, timing
 from concur.verify import settings as verify_settings
 from concur.verify.orchestrate import Job, blank_verdict, cache_root_of, device_label, pre_verdict
 from concur.verify.settings import BUILD, PROBE, REFEREE, VerifySettings
@@ -81,7 +81,7 @@ def verify_frame(
                 build_rows.get(str(row.candidate_id)),
             )
         )
-    verdicts, degenerate = run_jobs(jobs, settings, Path(workdir), progress)
+    verdicts, degenerate = run_jobs(jobs, settings, Path(workdir), progress, task_precisions(tasks))
     rows = []
     for job, verdict in zip(jobs, verdicts):
         mark_task_trust(verdict, degenerate.get(job.task_id, []))
@@ -179,13 +179,24 @@ def reference_programs(tasks: pd.DataFrame) -> dict[str, str]:
     return dict(zip(tasks["task_id"].astype(str), tasks["code"].astype(str)))
 
 
+def task_precisions(tasks: pd.DataFrame) -> dict[str, str]:
+    """task_id -> the precision it runs in (tasks' `precision`; fp32 for tables made before it)."""
+    if "precision" not in tasks.columns:
+        return {}
+    return {str(t): str(p) for t, p in zip(tasks["task_id"], tasks["precision"]) if isinstance(p, str) and p}
+
+
 def job_settings(settings: dict) -> dict:
     """What a job's referee reads of the settings (the REFEREE fields), as plain data: it crosses to that process."""
     return {key: settings[key] for key in VerifySettings.keys(REFEREE)}
 
 
-def run_jobs(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -> tuple[list[dict], dict]:
-    """Verdicts for `jobs` in order, and the degenerate outputs found per task."""
+def run_jobs(
+    jobs: list[Job], settings: dict, workdir: Path, progress: bool, precisions: dict[str, str] | None = None
+) -> tuple[list[dict], dict]:
+    """Verdicts for `jobs` in order, and the degenerate outputs found per task. `precisions`: task_id -> the
+    precision it runs in (fp32 where not given)."""
+    precisions = precisions or {}
     label = device_label(settings["device"])
     verdicts: list[dict | None] = [None] * len(jobs)
     unbuilt = [j for j in jobs if j.build is None and pre_verdict(j, settings) is None]
@@ -215,22 +226,24 @@ def run_jobs(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -> 
         cache_root = cache_root_of(settings, workdir)
         library = compiling.library_kernels(cache_root) if settings["device"] == "cuda" else set()
         by_id = {job.candidate_id: job for job in to_run}
+        reported: set[str] = set()
 
         def done(payload: dict, facts: dict) -> None:
             job = by_id[payload["candidate_id"]]
-            verdicts[job.index] = decide(facts, job, settings, label)
+            verdicts[job.index] = decide(facts, job, {**settings, "precision": payload["settings"]["precision"]}, label)
+            report_baselines(job.task_id, facts, reported)
             if FACTS_SINK is not None:
                 FACTS_SINK(job.candidate_id, facts)
             kinds = facts.get("degenerate")
             if kinds is not None:
                 degenerate[job.task_id] = sorted(set(degenerate.get(job.task_id, [])) | set(kinds))
 
-        payloads = [payload(job, settings, cache_root, library) for job in to_run]
+        payloads = [payload(job, settings, cache_root, library, precisions.get(job.task_id)) for job in to_run]
         orchestrate.evaluate_all(payloads, settings, cache_root, progress, done)
     return verdicts, degenerate  # type: ignore[return-value]
 
 
-def payload(job: Job, settings: dict, cache_root: Path, library: set[str]) -> dict:
+def payload(job: Job, settings: dict, cache_root: Path, library: set[str], precision: str | None = None) -> dict:
     kernels = (job.build or {}).get("kernels") or ""
     own = None if not kernels else sorted(set(json.loads(kernels)) - library)
     return {
@@ -240,8 +253,20 @@ def payload(job: Job, settings: dict, cache_root: Path, library: set[str]) -> di
         "solution": job.solution,
         "build_dir": str(cache_root / job.build["cache_key"]),
         "kernels": own,
-        "settings": job_settings(settings),
+        "settings": {**job_settings(settings), "precision": precision or "fp32"},
     }
+
+
+def report_baselines(task_id: str, facts: dict, reported: set[str]) -> None:
+    """Log, once per task, what compiling its reference under each baseline cost, or why that baseline failed."""
+    if task_id in reported or not facts.get("baselines"):
+        return
+    reported.add(task_id)
+    for name, found in facts["baselines"].items():
+        if found.get("error"):
+            log.warning("task %s: baseline %s failed, its speedups are NaN: %s", task_id, name, found["error"])
+        else:
+            log.info("task %s: baseline %s compiled in %.1f s", task_id, name, found.get("compile_s") or 0.0)
 
 
 def decide(facts: dict, job: Job, settings: dict, label: str) -> dict:
@@ -271,6 +296,8 @@ def decide(facts: dict, job: Job, settings: dict, label: str) -> dict:
             new_best_ms=new["best_ms"],
             speedup=timing.speedup(ref, new, stat),
         )
+        for name, value in baselines.speedups(facts.get("baselines") or {}, new, stat).items():
+            verdict[contracts.speedup_column(name)] = value
         verdict["flags"] = ",".join(checks.flags(facts, verdict, settings, job.solution))
     elif settings["mode"] == "hardened" and facts.get("sandbox") == "none":
         verdict["flags"] = "sandbox:none"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from concur.verify import timing
 
 KERNELBENCH_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}  # KernelBench, after torchbench
+PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # contracts.PRECISIONS
 REDUCED_FACTOR, REDUCED_FLOOR = 32.0, 1e-5  # precision: error over 32x the reference's own, and over 1e-5
 # operators that move or allocate but compute nothing: a candidate may share these with the reference (CPU rule)
 NON_COMPUTE_OPS = {
@@ -82,9 +83,14 @@ NON_COMPUTE_OPS = {
 
 
 def tolerance(dtype: str, settings: dict) -> tuple[float, float]:
-    """(atol, rtol): the configured ones, else KernelBench's for the dtype (exact for integers and bools)."""
+    """(atol, rtol): the configured ones, else KernelBench's: for a floating output, its rule for the task's
+    precision (`settings["precision"]`: fp32 1e-4, fp16 and bf16 1e-2), else for the output's dtype when the task
+    has no precision; exact for integers and bools."""
     name = str(dtype).removeprefix("torch.")
     default = KERNELBENCH_TOLERANCE.get(name, 1e-4 if "float" in name or "complex" in name else 0.0)
+    precision = settings.get("precision")
+    if precision and default and "complex" not in name:
+        default = KERNELBENCH_TOLERANCE[PRECISION_DTYPES[precision]]
     atol, rtol = settings.get("atol"), settings.get("rtol")
     return (default if atol is None else float(atol)), (default if rtol is None else float(rtol))
 
@@ -490,18 +496,25 @@ PRECISION_NAMES = (
 )
 
 
-def precision_flag(facts: dict, source: str) -> str | None:
-    """`precision:<name>` when the candidate's error against a float64 reference is far above the float32
-    reference's own: named after the lower-precision type its source uses, else `reduced`."""
-    precision = facts.get("precision") or {}
-    e_ref, e_new = precision.get("e_ref", math.nan), precision.get("e_new", math.nan)
-    if not (
-        math.isfinite(e_new) and e_new > max(REDUCED_FACTOR * (e_ref if math.isfinite(e_ref) else 0.0), REDUCED_FLOOR)
-    ):
+def precision_flag(facts: dict, source: str, task_precision: str = "fp32") -> str | None:
+    """`precision:<name>` when the candidate's error against a float64 reference is far above the reference's own
+    (run in the task's precision), on the first correctness trial or on the timed call checked whole: named after
+    the lower-precision type its source uses (never the task's own), else `reduced`."""
+    if not any(_reduced(facts.get(key) or {}) for key in ("precision", "precision_timed")):
         return None
     changed = " ".join((facts.get("state") or {}).get("backend_changed") or [])
-    names = [name for name, pattern in PRECISION_NAMES if re.search(pattern, source + " " + changed)]
+    names = [  # the task's own precision is no reduction: an fp16 task's kernels are written in half
+        name
+        for name, pattern in PRECISION_NAMES
+        if name != task_precision and re.search(pattern, source + " " + changed)
+    ]
     return f"precision:{'+'.join(names) or 'reduced'}"
+
+
+def _reduced(precision: dict) -> bool:
+    e_ref, e_new = precision.get("e_ref", math.nan), precision.get("e_new", math.nan)
+    floor = max(REDUCED_FACTOR * (e_ref if math.isfinite(e_ref) else 0.0), REDUCED_FLOOR)
+    return math.isfinite(e_new) and e_new > floor
 
 
 def flags(facts: dict, verdict: dict, settings: dict, source: str) -> list[str]:
@@ -509,7 +522,7 @@ def flags(facts: dict, verdict: dict, settings: dict, source: str) -> list[str]:
     marks = []
     if verdict["speedup"] > float(settings["audit_speedup"]):
         marks.append(f"audit:speedup>{settings['audit_speedup']:g}")
-    precision = precision_flag(facts, source)
+    precision = precision_flag(facts, source, settings.get("precision") or "fp32")
     if precision:
         marks.append(precision)
     if (facts.get("timing") or {}).get("deferred"):

@@ -123,6 +123,8 @@ class Contestant:
                 model = cls(*init)
                 model = model.to(self.device) if self.cast is None else model.to(device=self.device, dtype=self.cast)
             self._sync()
+            if msg.get("compile"):  # a compiled baseline of the reference (concur.verify.baselines): compiled lazily,
+                model = compiled(model, msg["compile"])  # in its first call, which the referee times as the cost
         except BaseException as err:
             traceback.print_exc()
             return {**facts, "ok": True, "error": f"{msg['class_name']}(*init): {describe(err)}"}
@@ -421,6 +423,20 @@ class Contestant:
 
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+
+
+def compiled(model, mode: str):
+    """`model` under torch.compile with inductor's `mode`, its compile workers within this process's cores."""
+    import tempfile
+
+    import torch
+    import torch._inductor.config as inductor
+
+    if os.environ.get("TMPDIR"):  # the zygote found its own temporary folder, which this process may not write
+        os.makedirs(os.environ["TMPDIR"], exist_ok=True)
+        tempfile.tempdir = os.environ["TMPDIR"]
+    inductor.compile_threads = max(1, torch.get_num_threads())
+    return torch.compile(model, mode=None if mode == "default" else mode)
 
 
 def leaves(output) -> list:

@@ -46,6 +46,7 @@ def evaluate(referee, job: dict) -> dict:
             task = task_for(referee, job)
         facts["stage_s"].update({f"setup.{k}": v for k, v in task.setup_s.items()})  # the job that set it up
         task.setup_s = {}
+        facts["baselines"] = task.baselines  # the reference's times under torch.compile (baselines.py)
         with stages("reference"):
             plan = (
                 measure.time_reference(referee, task, settings)

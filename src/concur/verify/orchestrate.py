@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from concur import contracts
 from concur.verify import compiling, procs
 from concur.verify import settings as verify_settings
 from concur.verify.screen import screen
@@ -78,6 +79,8 @@ def blank_verdict(status: str, reason: str, settings: dict, label: str) -> dict:
         "eval_s": 0.0,
         "flags": "",
         "trusted": True,
+        # a failed candidate is no faster than any baseline timed (NaN: one not timed)
+        **{contracts.speedup_column(b): 0.0 for b in settings.get("baselines") or [] if b != "eager"},
     }
 
 

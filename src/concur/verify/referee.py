@@ -181,7 +181,10 @@ class Referee:
             torch.cuda.manual_seed_all(seed)
         with other_distributions(torch) if kind == "signed" else contextlib.nullcontext(), torch.device(self.device):
             values = list(task.namespace["get_inputs"]())
-        return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
+        values = [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
+        if getattr(task, "dtype", None) is not None:  # the task's precision, cast as KernelBench casts
+            values = [v.to(task.dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values]
+        return values
 
     def stage(self, runner: Runner, calls: list[list], stage: str) -> list[list[dict]]:
         """Write each call's inputs into the runner's input arena; returns their specs."""

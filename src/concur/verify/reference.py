@@ -12,6 +12,7 @@ import hashlib
 import math
 import time
 
+from concur import contracts
 from concur.verify import checks, doorbell, exchange, procs, timing
 from concur.verify.build import describe, exec_program
 from concur.verify.runner import RunnerFailed
@@ -42,6 +43,9 @@ class TaskState:
         self.key = task_key(job)
         self.code = job["reference"]
         self.mode = job["settings"]["mode"]
+        self.precision = job["settings"].get("precision") or "fp32"
+        self.dtype = None  # the dtype floating inputs are drawn in (referee.draw): None for fp32, drawn as written
+        self.baselines: dict[str, dict] = {}  # what the reference took under each compiled baseline (baselines.py)
         self.referee, self.runner, self.error = referee, None, None
         self.meta = self.kb_times = self.profile = None
         self.stochastic = True
@@ -58,6 +62,8 @@ class TaskState:
             if missing:
                 raise NameError(f"reference does not define {', '.join(missing)}")
             torch = referee.torch
+            if self.precision != "fp32":
+                self.dtype = getattr(torch, contracts.PRECISIONS[self.precision])
             torch.manual_seed(SEED)
             self.init = list(self.namespace["get_init_inputs"]())
         except BaseException as err:
@@ -73,7 +79,8 @@ class TaskState:
 
 def task_key(job: dict) -> str:
     settings = job["settings"]
-    return hashlib.sha256("\0".join([job["task_id"], job["reference"], settings["mode"]]).encode()).hexdigest()
+    parts = [job["task_id"], job["reference"], settings["mode"], settings.get("precision") or "fp32"]
+    return hashlib.sha256("\0".join(parts + sorted(settings.get("baselines") or [])).encode()).hexdigest()
 
 
 def limit(deadline: float, seconds: float) -> float:
@@ -100,6 +107,9 @@ def task_for(referee, job: dict) -> TaskState:
         if referee.task.error is None:
             try:
                 setup_reference(referee, referee.task, job["settings"])
+                from concur.verify import baselines  # it times through measure, which imports this module
+
+                baselines.setup(referee, referee.task, job["settings"])
             except (RunnerFailed, CallFailed, ReferenceFailed) as err:
                 referee.task.error = str(err)
     if referee.task.error:
@@ -254,9 +264,14 @@ def stochastic(referee, task, specs: list[dict]) -> bool:
     return not all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(*outputs))
 
 
-def load_message(settings: dict, role: str, class_name: str, program, init: list, build_dir) -> dict:
+def load_message(
+    settings: dict, role: str, class_name: str, program, init: list, build_dir, compile_mode: str | None = None
+) -> dict:
     """Both models are made the same way: seed 42, then the class on the same init inputs (KernelBench's order);
-    kernelbench mode casts models and inputs to float32 as KernelBench does."""
+    models and floating inputs are cast to the task's precision as KernelBench does (kernelbench mode: float32 too,
+    as KernelBench's default casts them). `compile_mode`: the reference under torch.compile (baselines.py)."""
+    precision = settings.get("precision") or "fp32"
+    cast = settings["mode"] == "kernelbench" or precision != "fp32"
     return {
         "op": "load",
         "role": role,
@@ -265,8 +280,9 @@ def load_message(settings: dict, role: str, class_name: str, program, init: list
         "seed": SEED,
         "init": init,
         "fixed_backend": settings["mode"] == "hardened",
-        "cast": "float32" if settings["mode"] == "kernelbench" else None,
+        "cast": contracts.PRECISIONS[precision] if cast else None,
         "build_dir": build_dir,
+        "compile": compile_mode,
     }
 
 

@@ -51,6 +51,7 @@ class VerifySettings:
     warmup: int = _reads(VERDICT, REFEREE)
     timing_trials: int = _reads(VERDICT, REFEREE)
     timing_min_s: float = _reads(VERDICT, REFEREE)
+    baselines: list[str] = _reads(VERDICT, REFEREE)  # what the reference is timed under (concur.verify.baselines)
     atol: float | None = _reads(VERDICT, REFEREE, PROBE)
     rtol: float | None = _reads(VERDICT, REFEREE, PROBE)
     audit_speedup: float = _reads(VERDICT)  # flags are decided in the job's own process

@@ -1,0 +1,184 @@
+"""Baselines besides eager (verify.baselines: the reference under torch.compile) and task precision (fp16/bf16
+inputs and weights, KernelBench's tolerance for them): the arithmetic on the CPU, one CPU verify run through
+verify_frame, and a `gpu` test that would compare kernelbench mode with KernelBench's own eval_kernel_against_ref."""
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from verify_frames import candidates_frame, tasks_frame
+
+from concur import contracts
+from concur.curate import curate
+from concur.verify import baselines, checks, verify_frame
+from concur.verify.api import decide, task_precisions
+from concur.verify.orchestrate import Job, blank_verdict
+
+FIXTURES = Path(__file__).parent / "fixtures" / "verify"
+REFERENCE = (FIXTURES / "task_relu_add.py").read_text()
+TORCH_ONLY = (FIXTURES / "solution_torch_only.py").read_text()
+
+
+def test_speedup_columns_name_their_baseline():
+    assert contracts.speedup_column("eager") == "speedup"
+    assert contracts.speedup_column("compile-max-autotune") == "speedup_compile_max_autotune"
+    assert all(contracts.speedup_column(b) in contracts.VERDICTS for b in contracts.BASELINES)
+    with pytest.raises(ValueError, match="unknown baseline"):
+        contracts.speedup_column("jit")
+    old = contracts.conform(pd.DataFrame({c: [] for c in contracts.VERDICTS if not c.startswith("speedup_")}),
+                            contracts.VERDICTS)  # fmt: skip
+    assert "speedup_compile" in old.columns  # verdicts made before baselines read as NaN columns
+
+
+def test_tolerance_follows_the_tasks_precision_as_kernelbench():
+    assert checks.tolerance("torch.float32", {}) == (1e-4, 1e-4)
+    assert checks.tolerance("torch.float16", {}) == (1e-2, 1e-2)
+    assert checks.tolerance("torch.float32", {"precision": "fp32"}) == (1e-4, 1e-4)
+    assert checks.tolerance("torch.float16", {"precision": "fp16"}) == (1e-2, 1e-2)
+    assert checks.tolerance("torch.float32", {"precision": "bf16"}) == (1e-2, 1e-2)  # by precision, not dtype
+    assert checks.tolerance("torch.int64", {"precision": "bf16"}) == (0.0, 0.0)  # integers stay exact
+    assert checks.tolerance("torch.bfloat16", {"precision": "bf16", "atol": 0.5, "rtol": None}) == (0.5, 1e-2)
+
+
+def test_reduced_precision_is_judged_against_the_tasks_own():
+    reduced = {"precision": {"e_ref": 1e-3, "e_new": 1.0}}
+    half_source = "__half x; float16"
+    assert checks.precision_flag(reduced, half_source) == "precision:fp16"
+    assert checks.precision_flag(reduced, half_source, "fp16") == "precision:reduced"  # below the task's own
+    close = {"precision": {"e_ref": 1e-3, "e_new": 2e-3}}  # an fp16 task's reference errs as much
+    assert checks.precision_flag(close, half_source, "fp16") is None
+
+
+def test_a_verdict_carries_a_speedup_per_baseline():
+    settings = {"mode": "kernelbench", "baselines": ["eager", "compile", "compile-max-autotune"], "audit_speedup": 10.0,
+                "device": "cpu"}  # fmt: skip
+    summary = lambda ms: {"mean_ms": ms, "median_ms": ms, "best_ms": ms, "resolved": True}  # noqa: E731
+    facts = {
+        "trials": [
+            {"number": 1, "ok_shape": True, "ok_dtype": True, "ok_finite": True, "allclose": True, "max_abs_err": 0.0}
+        ],  # fmt: skip
+        "load": {"ok": True, "has_class": True},
+        "timing": {"ref": summary(4.0), "new": summary(2.0)},
+        "baselines": {
+            "compile": {"ref": summary(3.0), "compile_s": 12.0, "error": None},
+            "compile-max-autotune": {"ref": None, "compile_s": None, "error": "compiled outputs differ"},
+        },
+    }
+    job = Job(0, "c", "t", REFERENCE, "", {"compile_s": 0.0})
+    verdict = decide(facts, job, settings, "cpu")
+    assert verdict["status"] == "correct", verdict["reason"]
+    assert verdict["speedup"] == 2.0 and verdict["speedup_compile"] == 1.5
+    assert math.isnan(verdict["speedup_compile_max_autotune"])
+    assert baselines.speedups(facts["baselines"], summary(2.0), "best_ms")["compile"] == 1.5
+    unresolved = {**summary(3.0), "resolved": False}
+    assert math.isnan(baselines.speedups({"compile": {"ref": unresolved}}, summary(2.0), "best_ms")["compile"])
+    failed = blank_verdict("incorrect", "", settings, "cpu")
+    assert failed["speedup_compile"] == 0.0 and failed["speedup_compile_max_autotune"] == 0.0
+    assert "speedup_compile_reduce_overhead" not in failed  # not timed: NaN in the table
+
+
+def test_tasks_carry_their_precision():
+    tasks = tasks_frame([("a", REFERENCE)])
+    assert tasks["precision"].tolist() == ["fp32"]  # a table made without it
+    assert task_precisions(tasks.assign(precision=["bf16"])) == {"a": "bf16"}
+
+
+def test_verify_frame_times_the_compiled_reference_and_casts_to_the_tasks_precision(tmp_path):
+    """kernelbench mode on the CPU: a pure-PyTorch ModelNew is correct; its speedup over the reference compiled
+    by inductor is measured beside eager's; a bf16 task runs both models in bfloat16 with KernelBench's 1e-2."""
+    settings = {"device": "cpu", "mode": "kernelbench", "workers": 1, "correctness_trials": 2, "warmup": 1,
+                "timing_trials": 5, "baselines": ["eager", "compile"],
+                "build_cache": str(tmp_path / "cache")}  # fmt: skip
+    tasks = tasks_frame([("relu_add", REFERENCE), ("relu_add_bf16", REFERENCE)])
+    tasks["precision"] = ["fp32", "bf16"]
+    candidates = candidates_frame([("c", "relu_add", TORCH_ONLY), ("c16", "relu_add_bf16", TORCH_ONLY)])
+    verdicts = verify_frame(candidates, tasks, settings, tmp_path / "work", progress=False).set_index("candidate_id")
+    for cid in ("c", "c16"):
+        row = verdicts.loc[cid]
+        assert row.status == "correct", row.reason
+        assert row.speedup > 0 and row.speedup_compile > 0, (row.speedup, row.speedup_compile)
+        assert math.isnan(row.speedup_compile_max_autotune)  # not asked for
+    assert verdicts.loc["c16"].max_abs_err <= 1e-2
+
+
+@pytest.mark.gpu
+def test_kernelbench_mode_agrees_with_kernelbenchs_own_eval_per_precision(tmp_path):
+    """On a GPU with KernelBench installed: kernelbench mode's verdicts on the same candidates as KernelBench's
+    eval_kernel_against_ref(precision=...) for fp32, fp16 and bf16 (correctness; its times are its own)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    kb_eval = pytest.importorskip("src.eval", reason="needs KernelBench's source on the path")
+    candidates = {"correct": TORCH_ONLY, "wrong": TORCH_ONLY.replace("* self.scale", "* self.scale * 1.1")}
+    for precision, dtype in contracts.PRECISIONS.items():
+        tasks = tasks_frame([("relu_add", REFERENCE)]).assign(precision=[precision])
+        frame = candidates_frame([(name, "relu_add", code) for name, code in candidates.items()])
+        settings = {"device": "cuda", "mode": "kernelbench", "build_cache": str(tmp_path / "cache")}
+        ours = verify_frame(frame, tasks, settings, tmp_path / f"work-{precision}", progress=False)
+        for name, code in candidates.items():
+            theirs = kb_eval.eval_kernel_against_ref(
+                REFERENCE, code, measure_performance=False, device=torch.device("cuda:0"),
+                precision=getattr(torch, dtype),
+            )  # fmt: skip
+            mine = ours.set_index("candidate_id").loc[name]
+            assert bool(mine.correct) == bool(theirs.correctness), (precision, name, mine.reason)
+
+
+def test_eval_scores_fast_p_over_each_baseline_and_the_table_shows_them():
+    from concur.evaluate import results_table, score, table_markdown
+
+    tasks = pd.DataFrame({"task_id": ["x", "y"], "level": [1, 3], "category": ["single_op", "model"]})
+    frame = pd.DataFrame(
+        {"task_id": ["x", "x", "y"], "correct": [True, True, False], "speedup": [2.0, 1.2, 0.0],
+         "speedup_compile": [1.5, 0.9, 0.0], "speedup_compile_max_autotune": math.nan}
+    )  # fmt: skip
+    settings = {"pass_k": [1], "fast_p": [0, 1]}
+    scores = score({"base": frame}, tasks, settings)
+    overall = scores[(scores["scope"] == "overall")].iloc[0]
+    assert overall["fast_1"] == pytest.approx(2 / 3) and overall["fast_1_compile"] == pytest.approx(1 / 3)
+    assert "fast_1_compile_max_autotune" not in scores.columns  # never timed
+    assert overall["fast_1_compile@1"] == pytest.approx(0.25)  # x: 1 of 2, y: 0
+    assert "L3_fast_1_compile@1" in results_table(scores, [1]).columns  # level 3 is one more level
+    assert "fast_1_compile@1" in table_markdown(scores, settings)
+    eager_only = score({"base": frame.drop(columns=["speedup_compile", "speedup_compile_max_autotune"])}, tasks,
+                       settings)  # fmt: skip
+    assert not any("compile" in c for c in eager_only.columns)
+
+
+def test_curation_ranks_by_the_baseline_it_names():
+    from test_curate import make_tables, settings
+
+    cands, verdicts, tasks = make_tables()
+    over_compile = verdicts.assign(speedup_compile=verdicts["speedup"] / 10)
+    eager = curate(cands, over_compile, tasks, settings())
+    compiled = curate(cands, over_compile, tasks, settings(baseline="compile"))
+    assert (eager.dataset["criterion"] == "high_speedup").any()
+    assert not (compiled.dataset["criterion"] == "high_speedup").any()  # none is 5x faster than compiled
+    assert "`baseline`: compile" in compiled.card
+    with pytest.raises(ValueError, match="verify.baselines"):
+        curate(cands, verdicts, tasks, settings(baseline="compile-max-autotune"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["hardened", "kernelbench"])
+def test_compiled_baselines_are_timed_on_the_gpu(mode, tmp_path):
+    """An H100/H200: the honest CUDA relu_add against eager and the reference compiled in two inductor modes, each
+    timed once per task; the speedups over eager and over each baseline are consistent with the times."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from verify_cuda_solutions import solution
+
+    reference = (Path(__file__).parent / "fixtures" / "verify_cuda" / "task_relu_add.py").read_text()
+    settings = {"device": "cuda", "mode": mode, "build_cache": str(tmp_path / "cache"),
+                "baselines": ["eager", "compile", "compile-max-autotune"]}  # fmt: skip
+    tasks = tasks_frame([("relu_add", reference)])
+    frame = candidates_frame([("fast", "relu_add", solution("fast")), ("wrong", "relu_add", solution("wrong"))])
+    verdicts = verify_frame(frame, tasks, settings, tmp_path / "work", progress=False).set_index("candidate_id")
+    fast = verdicts.loc["fast"]
+    assert fast.status == "correct", fast.reason
+    for column in ("speedup", "speedup_compile", "speedup_compile_max_autotune"):
+        assert fast[column] > 0, (column, fast[column])
+    assert math.isnan(fast.speedup_compile_reduce_overhead)
+    assert verdicts.loc["wrong"].speedup_compile == 0.0
