@@ -106,7 +106,9 @@ def test_feedback_tells_each_outcome():
     wrong = Feedback("incorrect", "trial 1: value_mismatch output 0", max_abs_err=0.25).message()
     assert "value_mismatch output 0" in wrong and "0.25" in wrong
     slow = Feedback("correct", speedup=0.5, ref_ms=1.0, new_ms=2.0).message()
-    assert "0.5x" in slow and "yours 2 ms" in slow and "faster" in slow
+    assert "0.5x" in slow and "yours 2 ms" in slow and "faster" in slow and "spends its time" not in slow
+    hot = {"status": "correct", "speedup": 0.5, "ref_hotspots": "aten::addmm 80%; aten::relu 20%"}
+    assert "spends its time in: aten::addmm 80%; aten::relu 20%." in Feedback.from_row(hot).message()
     cut = Feedback("no_code", truncated=True).message()
     assert cut.startswith("Your previous answer was cut off") and "ModelNew" in cut
     assert trimmed("abc", 10) == "abc" and shown_answer("", "code") == "```python\ncode\n```"

@@ -240,6 +240,14 @@ def test_a_time_quicker_than_writing_the_outputs_is_flagged():
     assert not timing.beats_roofline({"resolved": False, "best_ms": 1e-6}, floor)
 
 
+def test_the_references_hotspots_name_where_its_time_goes():
+    from concur.verify.reference import hotspots
+
+    times = {"aten::addmm": 60.0, "aten::relu": 30.0, "aten::t": 6.0, "aten::add": 3.0, "aten::mul": 1.0, "x": 0.5}
+    assert hotspots(times, top=2) == "aten::addmm 60%; aten::relu 30%"
+    assert hotspots({}) == "" and hotspots({"k": 0.0}) == ""
+
+
 def test_the_write_floor_is_measured_and_scaled_past_its_cap(monkeypatch):
     from types import SimpleNamespace
 

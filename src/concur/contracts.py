@@ -92,6 +92,7 @@ VERDICTS = {
     "eval_s": "float",
     "flags": "str",
     "trusted": "bool",
+    "ref_hotspots": "str",
 }
 
 BUILDS = {
@@ -129,6 +130,7 @@ ABSENT_AS = {
     "parent_id": "",
     "history": "[]",
     "precision": "fp32",  # tasks made before tasks had a precision: KernelBench's default
+    "ref_hotspots": "",  # verdicts made before the reference's profile was kept
     **{speedup_column(b): float("nan") for b in COMPILE_BASELINES},  # verdicts made before baselines
 }
 

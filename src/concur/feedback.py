@@ -29,8 +29,9 @@ _STATUS_TEXT = {
 @dataclass(frozen=True)
 class Feedback:
     """What the verifier found about one version: its verdict's `status`, `reason`, `max_abs_err`, speedup and the
-    two runtimes (ms, NaN when not timed), whether the generation was cut at its token cap, and whether it had
-    code at all."""
+    two runtimes (ms, NaN when not timed), the reference's slowest kernels or operators with their shares of its
+    time (hardened mode's profile), whether the generation was cut at its token cap, and whether it had code at
+    all."""
 
     status: str
     reason: str = ""
@@ -39,6 +40,7 @@ class Feedback:
     ref_ms: float = math.nan
     new_ms: float = math.nan
     truncated: bool = False
+    hotspots: str = ""  # where the reference's time goes, from the verifier's profile (verdicts' `ref_hotspots`)
 
     @classmethod
     def from_row(cls, row) -> Feedback:
@@ -57,6 +59,7 @@ class Feedback:
             ref_ms=number("ref_ms"),
             new_ms=number("new_ms"),
             truncated=bool(row.get("truncated")),
+            hotspots=str(row.get("ref_hotspots") or ""),
         )
 
     def message(self) -> str:
@@ -66,6 +69,8 @@ class Feedback:
             lines.append("Your previous answer was cut off at the token limit before it was complete.")
         if self.status == "correct":
             lines.append(f"Your program is correct. {self._speed()}")
+            if self.hotspots:
+                lines.append(f"The PyTorch reference spends its time in: {self.hotspots}.")
             lines.append(
                 "Make it faster: give a new version whose kernels do the work in fewer passes over memory, with "
                 "less launch and allocation overhead, keeping the outputs the same."

@@ -295,6 +295,7 @@ def decide(facts: dict, job: Job, settings: dict, label: str) -> dict:
             ref_best_ms=ref["best_ms"],
             new_best_ms=new["best_ms"],
             speedup=timing.speedup(ref, new, stat),
+            ref_hotspots=facts.get("ref_hotspots") or "",
         )
         for name, value in baselines.speedups(facts.get("baselines") or {}, new, stat).items():
             verdict[contracts.speedup_column(name)] = value

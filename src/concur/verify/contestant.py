@@ -371,13 +371,26 @@ class Contestant:
         return {"ok": True, "times_ms": times[int(msg["discard"]) :]}
 
     def profile(self, msg: dict) -> dict:
-        """Names of what one forward ran: CUDA kernels on a GPU, ATen operators on the CPU, with counts."""
+        """Names of what one forward ran: CUDA kernels on a GPU, ATen operators on the CPU, with counts, and the
+        microseconds each took (a kernel's device time; an operator's own CPU time, its callees' left out)."""
         import torch
 
         args = self._values(msg["args"])
         with torch.no_grad():
             prof = self._profile(lambda: self.model(*args))
-        return {"ok": True, "names": self._names(prof)}
+        return {"ok": True, "names": self._names(prof), "times": self._times(prof)}
+
+    def _times(self, prof) -> dict[str, float]:
+        import torch
+
+        cuda = self.device.type == "cuda"
+        times: dict[str, float] = {}
+        for event in prof.events():
+            on_device = getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
+            if on_device if cuda else event.name.startswith("aten::"):
+                spent = getattr(event, "device_time_total" if cuda else "self_cpu_time_total", None)
+                times[event.name] = times.get(event.name, 0.0) + float(spent or 0.0)
+        return times
 
     def _names(self, prof) -> dict[str, int]:
         import torch

@@ -69,7 +69,7 @@ def evaluate(referee, job: dict) -> dict:
             if passed:
                 with stages("timing"):
                     measure.time_candidate(referee, task, candidate, job, facts, plan, deadline)
-                facts["floor_ms"] = task.floor_ms
+                facts["floor_ms"], facts["ref_hotspots"] = task.floor_ms, task.hotspots
     except ReferenceFailed as err:
         facts["reference_error"] = str(err)
     except CallFailed as err:  # the candidate answered a timing or hand-off command with an error

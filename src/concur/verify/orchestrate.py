@@ -79,6 +79,7 @@ def blank_verdict(status: str, reason: str, settings: dict, label: str) -> dict:
         "eval_s": 0.0,
         "flags": "",
         "trusted": True,
+        "ref_hotspots": "",
         # a failed candidate is no faster than any baseline timed (NaN: one not timed)
         **{contracts.speedup_column(b): 0.0 for b in settings.get("baselines") or [] if b != "eager"},
     }

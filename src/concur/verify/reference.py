@@ -20,6 +20,7 @@ from concur.verify.runner import RunnerFailed
 SEED = 42
 CALL_FLOOR_S, CALL_FACTOR, FIRST_CALL_EXTRA_S = 5.0, 100.0, 10.0  # a call's deadline, from the reference's time
 FLOOR_CALLS = 64
+HOTSPOTS = 5  # names of the reference's profile kept in a verdict
 FLOOR_MAX_BYTES = 256 << 20  # write_floor_ms fills at most this much and scales
 FLOOR_BATCHES = 5  # batches of fills that find the least time writing a task's outputs takes (write_floor_ms)
 PROFILE_EXTRA_S = 30.0  # on top, for a profiled call: the profiler's start and the reading of its events
@@ -53,6 +54,7 @@ class TaskState:
         self.call_ms = None
         self.jitter_ms = timing.JITTER_FLOOR_MS  # how much the round trip of an empty batch varies
         self.calls = 1  # per timed batch (hardened)
+        self.hotspots = ""  # where the reference's time goes, from its profile (hardened; hotspots)
         self.floor_ms: float | None = None  # the least time a call writing its outputs takes here (write_floor_ms)
         self.setup_s: dict[str, float] = {}  # where setting the task up went (benchmarks); emptied once reported
         self.has_double = None
@@ -189,7 +191,8 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
         with referee.quiet():
             task.calls = batch_calls(referee, task, specs[0])
         clock("calibrate")
-        task.profile = ref_ask(task, {"op": "profile", "args": specs[0]}, "reference")["names"]
+        profiled = ref_ask(task, {"op": "profile", "args": specs[0]}, "reference")
+        task.profile, task.hotspots = profiled["names"], hotspots(profiled.get("times") or {})
         clock("profile")
     else:
         message = {
@@ -205,6 +208,16 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
     with referee.quiet():
         task.floor_ms = write_floor_ms(referee, task.output_bytes, task.calls if task.mode == "hardened" else 64)
     clock("floor")
+
+
+def hotspots(times: dict[str, float], top: int = HOTSPOTS) -> str:
+    """The `top` names a forward spent the most time in, with their shares of it: "name 61%; name 30%" (the
+    verdict's `ref_hotspots`, which refinement feedback quotes)."""
+    total = sum(times.values())
+    if total <= 0:
+        return ""
+    ranked = sorted(times.items(), key=lambda item: -item[1])[:top]
+    return "; ".join(f"{name} {100.0 * spent / total:.0f}%" for name, spent in ranked)
 
 
 def write_floor_ms(referee, output_bytes: int, calls: int) -> float | None:
