@@ -21,13 +21,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
-TASK = (ROOT / "tests" / "fixtures" / "verify_cuda" / "task_relu_add.py").read_text()
 MIN_LOOP_S = 0.02
 
 
 def task_code(size: str) -> str:
+    from verify_cuda_solutions import relu_add_task
+
     rows, cols = size.split("x")
-    return TASK.replace("torch.randn(4096, 4096), torch.randn(4096, 4096)", f"torch.randn({rows}, {cols}), " * 2)
+    return relu_add_task(int(rows), int(cols))
 
 
 def independent(variant: str, sizes: list[str], repeats: int) -> dict:

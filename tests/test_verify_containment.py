@@ -100,7 +100,16 @@ def test_a_detached_process_chain_dies_with_its_build(zygote, tmp_path):
     assert zygote.clear_leftovers() == []
 
 
-JUDGES = """
+# a lower nice value and a real-time policy for the program itself, each noted in `own` where it was allowed
+RAISE_OWN = """with contextlib.suppress(OSError):
+    os.setpriority(os.PRIO_PROCESS, 0, -10)
+    own.append("nice")
+with contextlib.suppress(OSError):
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(50))
+    own.append("fifo")
+"""
+JUDGES = (
+    """
 import contextlib, os
 mine, hit, own = set(), [], []
 for entry in os.listdir("/proc"):
@@ -117,17 +126,14 @@ for pid in mine:
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, int(tid), 19)
             hit.append(("nice", tid))
-with contextlib.suppress(OSError):
-    os.setpriority(os.PRIO_PROCESS, 0, -10)
-    own.append("nice")
-with contextlib.suppress(OSError):
-    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(50))
-    own.append("fifo")
-with contextlib.suppress(OSError):
+"""
+    + RAISE_OWN
+    + """with contextlib.suppress(OSError):
     os.setpriority(os.PRIO_USER, 0, 19)
     own.append("user")
 open("hit.txt", "w").write(f"{len(mine)} {len(hit)} {len(own)}")
 """
+)
 
 
 @pytest.mark.skipif(not PIDNS, reason="needs PID namespaces (root or CAP_SYS_ADMIN)")
@@ -143,17 +149,15 @@ def test_a_candidate_cannot_renice_or_pin_the_judges(zygote, tmp_path):
     assert (os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0)) == before
 
 
-OWN = """
+OWN = (
+    """
 import contextlib, os
 own = []
-with contextlib.suppress(OSError):
-    os.setpriority(os.PRIO_PROCESS, 0, -10)
-    own.append("nice")
-with contextlib.suppress(OSError):
-    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(50))
-    own.append("fifo")
-open("own.txt", "w").write(" ".join(own) or "none")
 """
+    + RAISE_OWN
+    + """open("own.txt", "w").write(" ".join(own) or "none")
+"""
+)
 
 
 def test_a_candidate_cannot_raise_its_own_priority(zygote, tmp_path):

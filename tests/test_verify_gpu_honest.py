@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from verify_cuda_solutions import HONEST_WAYS, solution
+from verify_cuda_solutions import HONEST_WAYS, relu_add_task, solution
 from verify_frames import candidates_frame, tasks_frame
 
 from concur.verify import compile_frame, verify_frame
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-TASK_DIR = Path(__file__).parent / "fixtures" / "verify_cuda"
-TASKS = {"relu_add": "task_relu_add.py", "relu_add_small": "task_relu_add_small.py"}
+TASKS = {"relu_add": relu_add_task(), "relu_add_small": relu_add_task(256, 1024)}
 SETTINGS = {"device": "cuda", "timeout_s": 300, "workers": 4, "correctness_trials": 5, "warmup": 3, "timing_trials": 30}
 VARIANTS = ("fast", *HONEST_WAYS)
 SLOWER = ("workspace", "constant_table")
@@ -26,7 +25,7 @@ SLOWER = ("workspace", "constant_table")
 
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
-    tasks = tasks_frame([(t, (TASK_DIR / p).read_text()) for t, p in TASKS.items()])
+    tasks = tasks_frame(list(TASKS.items()))
     rows = [(f"{task}:{v}", task, solution(v)) for task in TASKS for v in VARIANTS]
     candidates = candidates_frame(rows)
     settings = {**SETTINGS, "build_cache": str(tmp_path_factory.mktemp("cache"))}

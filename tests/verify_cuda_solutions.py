@@ -6,6 +6,17 @@ written as a model that read the verifier would write them (past the static scre
 the full program (ModelNew + load_inline) for that variant.
 """
 
+from pathlib import Path
+
+TASK_DIR = Path(__file__).parent / "fixtures" / "verify_cuda"
+
+
+def relu_add_task(rows: int = 4096, cols: int = 4096) -> str:
+    """The relu_add fixture task with both inputs drawn at rows x cols (256 x 1024: a KernelBook-sized task, a few
+    microseconds a call)."""
+    return (TASK_DIR / "task_relu_add.py").read_text().replace("4096, 4096", f"{rows}, {cols}")
+
+
 CUDA_TEMPLATE = r"""
 #include <torch/extension.h>
 #include <c10/cuda/CUDAException.h>

@@ -381,27 +381,28 @@ class Contestant:
         return {"ok": True, "names": self._names(prof), "times": self._times(prof)}
 
     def _times(self, prof) -> dict[str, float]:
-        import torch
-
         cuda = self.device.type == "cuda"
         times: dict[str, float] = {}
-        for event in prof.events():
-            on_device = getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
-            if on_device if cuda else event.name.startswith("aten::"):
-                spent = getattr(event, "device_time_total" if cuda else "self_cpu_time_total", None)
-                times[event.name] = times.get(event.name, 0.0) + float(spent or 0.0)
+        for event in self._counted(prof):
+            spent = getattr(event, "device_time_total" if cuda else "self_cpu_time_total", None)
+            times[event.name] = times.get(event.name, 0.0) + float(spent or 0.0)
         return times
 
     def _names(self, prof) -> dict[str, int]:
+        names: dict[str, int] = {}
+        for event in self._counted(prof):
+            names[event.name] = names.get(event.name, 0) + 1
+        return names
+
+    def _counted(self, prof):
+        """The profile's events a forward is judged by: CUDA kernels on a GPU, ATen operators on the CPU."""
         import torch
 
         cuda = self.device.type == "cuda"
-        names: dict[str, int] = {}
         for event in prof.events():
             on_device = getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
             if on_device if cuda else event.name.startswith("aten::"):
-                names[event.name] = names.get(event.name, 0) + 1
-        return names
+                yield event
 
     def _profile(self, fn):
         from torch.profiler import ProfilerActivity, profile

@@ -239,7 +239,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
         }
         return inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
     # the timed call checked whole, drawn in secret before any batch runs (the last batch's, if timing stops first)
-    whole_at, whole = (secrets.randbelow(len(plan["batches"])), secrets.randbelow(calls)), None
+    whole_at, whole, last = (secrets.randbelow(len(plan["batches"])), secrets.randbelow(calls)), None, None
     with referee.quiet():
         if not timing.warm_already(facts.get("call_s", []), float(settings["timing_min_s"])):
             warm_up(referee, task, candidate, calls, settings, ask, deadline)
@@ -250,9 +250,9 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                 at, mismatch = checks.batch_structure(batch["metas"], task.meta, calls)
                 timed["mismatch"] = f"call {number * calls + at + 1}: {mismatch}"
                 break
-            if number <= whole_at[0]:  # kept past the next batch's hand-off, which lands in the same arena
-                i = whole_at[1]
-                whole = (number * calls + i + 1, seeds[i], batch["values"][i], [_kept(torch, o) for o in outputs[i]])
+            if number == whole_at[0]:  # copied: later batches' hand-offs land in the same arena
+                whole = whole_call(torch, number, calls, whole_at[1], seeds, batch, copy=True)
+            last = (number, seeds, batch)
             forward.append(batch["forward_ms"])
             stages.append(batch["stage_ms"])
             prepares.append(batch["prepare_ms"])
@@ -275,6 +275,9 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
                 billed, calls, float(settings["timing_min_s"]), reference["median_ms"]
             ):
                 break
+    if whole is None and last is not None:  # timing stopped before the drawn batch: the last one's outputs, in place
+        number, seeds, batch = last
+        whole = whole_call(torch, number, calls, whole_at[1], seeds, batch, copy=False)
     if whole is not None and not timed["mismatch"]:
         timed["mismatch"] = check_whole(referee, task, settings, facts, *whole)
     facts["timed"] = timed
@@ -308,8 +311,11 @@ def charged(forward: list[float], stages: list[float], handoffs: list[float], pl
     return timing.charged(per_call, [stages, handoffs], [plan["stage"], plan["handoff"]], calls)
 
 
-def _kept(torch, leaf):
-    return leaf.clone() if isinstance(leaf, torch.Tensor) else leaf
+def whole_call(torch, number: int, calls: int, i: int, seeds: list, batch: dict, copy: bool) -> tuple:
+    """check_whole's arguments for call `i` of timed batch `number`: its outputs copied where a later hand-off
+    would overwrite them."""
+    outputs = [o.clone() if copy and isinstance(o, torch.Tensor) else o for o in batch["outputs"][i]]
+    return number * calls + i + 1, seeds[i], batch["values"][i], outputs
 
 
 def check_whole(referee, task, settings, facts, number: int, seed: int, values: list, outputs: list) -> str | None:
