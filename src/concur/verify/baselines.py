@@ -26,9 +26,9 @@ from concur.verify.reference import (
     CallFailed,
     Clock,
     ReferenceFailed,
+    kb_time_message,
     load_message,
     ref_ask,
-    ref_handoff,
     reference_side,
 )
 from concur.verify.runner import RunnerFailed
@@ -82,32 +82,21 @@ def measure_baseline(referee, task, settings: dict, name: str) -> dict:
 
 def one_call(referee, task, values: list) -> list:
     """The outputs of one call of the task's current reference runner on `values` (copies: the arena is reused)."""
-    with reference_side():
-        specs = referee.stage(task.runner, [values], "reference")
-    reply = ref_ask(task, {"op": "call", "calls": [{"args": specs[0], "seed": SEED}]}, "reference")
-    got, _ = ref_handoff(referee, task, reply["outs"])
+    from concur.verify.evaluation import reference_outputs
+
     torch = referee.torch
-    return [o.clone() if isinstance(o, torch.Tensor) else o for o in got[0]]
+    return [o.clone() if isinstance(o, torch.Tensor) else o for o in reference_outputs(referee, task, values, SEED)]
 
 
 def time_baseline(referee, task, settings: dict) -> dict:
     """The current reference runner's time as eager's is taken (its timing summary)."""
     if task.mode == "hardened":
-        plan = measure.time_reference(referee, task, settings)
-        resolve_ms = timing.resolvable_ms(task.jitter_ms)
-        return timing.summary(plan["per_call"], plan["charged"], plan["calls"], resolve_ms)
+        return measure.reference_summary(task, measure.time_reference(referee, task, settings))
     values = referee.draw(task, SEED, "random")
     with reference_side():
         specs = referee.stage(task.runner, [values], "reference")[0]
-    message = {
-        "op": "kb_time",
-        "args": specs,
-        "warmup": settings["warmup"],
-        "trials": settings["timing_trials"],
-        "discard": 1,
-    }
     with referee.quiet():
-        return timing.kernelbench_summary(ref_ask(task, message, "reference")["times_ms"])
+        return timing.kernelbench_summary(ref_ask(task, kb_time_message(specs, settings), "reference")["times_ms"])
 
 
 def speedups(baselines: dict, candidate: dict, stat: str) -> dict[str, float]:

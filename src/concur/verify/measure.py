@@ -14,6 +14,7 @@ from concur.verify.reference import (
     SEED,
     CallFailed,
     call_timeout,
+    kb_time_message,
     limit,
     mutated,
     ref_ask,
@@ -215,6 +216,11 @@ def kept_sample(picked: list, outputs: list) -> list:
     return [value if got is None else got for got, value in zip(picked, outputs)]
 
 
+def reference_summary(task, plan: dict) -> dict:
+    """The reference's timing summary from its timed batches (time_reference's plan)."""
+    return timing.summary(plan["per_call"], plan["charged"], plan["calls"], timing.resolvable_ms(task.jitter_ms))
+
+
 def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None:
     settings = job["settings"]
     if settings["mode"] == "kernelbench":
@@ -226,7 +232,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     billed: list[float] = []  # forward's batches per call, charged (charged below)
     timed = {"calls": 0, "mismatch": None, "mutated": []}
     resolve_ms = timing.resolvable_ms(task.jitter_ms)
-    reference = timing.summary(plan["per_call"], plan["charged"], calls, resolve_ms)
+    reference = reference_summary(task, plan)
     steady = timing.per_call_times([1000.0 * s for s in facts.get("steady_call_s", [])], task.overhead_ms, 1)
     if referee.device == "cuda" and timing.slower_by_calls(steady, settings["timing_min_s"], reference["median_ms"]):
         facts["timed"] = {**timed, "settled_by": "correctness calls"}  # each checked whole, the pool stopped
@@ -353,17 +359,7 @@ def time_kernelbench(referee, task, candidate, settings, facts, deadline) -> Non
     specs = referee.stage(candidate, [values], "timing")[0]
     trials = int(settings["timing_trials"]) + 1 + int(settings["warmup"])
     with referee.quiet():
-        reply = candidate.ask(
-            {
-                "op": "kb_time",
-                "args": specs,
-                "warmup": settings["warmup"],
-                "trials": settings["timing_trials"],
-                "discard": 1,
-            },
-            "timing",
-            limit(deadline, call_timeout(task, trials)),
-        )
+        reply = candidate.ask(kb_time_message(specs, settings), "timing", limit(deadline, call_timeout(task, trials)))
     if not reply.get("ok"):
         facts["trials"].append({"number": len(facts["trials"]) + 1, "kind": "timing", "error": reply.get("error")})
         return

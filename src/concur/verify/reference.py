@@ -195,19 +195,19 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
         task.profile, task.hotspots = profiled["names"], hotspots(profiled.get("times") or {})
         clock("profile")
     else:
-        message = {
-            "op": "kb_time",
-            "args": specs[0],
-            "warmup": settings["warmup"],
-            "trials": settings["timing_trials"],
-            "discard": 1,
-        }
         with referee.quiet():
-            task.kb_times = ref_ask(task, message, "reference")["times_ms"]
+            task.kb_times = ref_ask(task, kb_time_message(specs[0], settings), "reference")["times_ms"]
         clock("kb_time")
     with referee.quiet():
         task.floor_ms = write_floor_ms(referee, task.output_bytes, task.calls if task.mode == "hardened" else 64)
     clock("floor")
+
+
+def kb_time_message(specs: list[dict], settings: dict) -> dict:
+    """KernelBench's timing of a side's model on one call's inputs (Contestant.kb_time): `warmup` calls, then
+    `timing_trials` timed ones after one dropped."""
+    trials = settings["timing_trials"]
+    return {"op": "kb_time", "args": specs, "warmup": settings["warmup"], "trials": trials, "discard": 1}
 
 
 def hotspots(times: dict[str, float], top: int = HOTSPOTS) -> str:
