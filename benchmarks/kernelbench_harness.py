@@ -10,7 +10,7 @@ checkout (its `src/` is imported, nothing of it is copied; references are read f
 2. Evaluation: each candidate in a fresh Python process, one process at a time per GPU, killed after `--timeout`
    seconds (KernelBench: 180), calling `kernelbench.eval.eval_kernel_against_ref(ref, candidate,
    num_correct_trials=5, num_perf_trials=100, measure_performance=True, timing_method="cuda_event",
-   build_dir=<work>/build/<id>, device=cuda:<i>, backend="cuda", precision=fp32)`. An exception escaping it is
+   build_dir=<work>/build/<id>, device=cuda:<i>, backend="cuda", precision=--precision)`. An exception escaping it is
    recorded as KernelBench's eval_from_generations records it (not compiled; a `cuda_error` when the message
    contains "CUDA error", else `other_error`); a timeout as not compiled with the error "Evaluation timed out".
 
@@ -26,18 +26,20 @@ Output (`--out`, JSON lines, one per candidate, appended as each finishes; a rer
     eval_cpu_s    CPU time (user+sys) of the evaluation process and its children
     build_status  built | failed | timeout | skipped;  build_s: wall time of the build process;
     build_cpu_s   CPU time (user+sys) of the build process and every compiler it ran;  build_call_s
-    device, tolerance (the fp32 tolerance used), stubbed (modules replaced by stand-ins, see below)
+    device, precision (--precision: fp32, fp16 or bf16; inputs and weights cast to it, KernelBench's tolerance
+                  for it), tolerance (the allclose tolerance used), stubbed (modules replaced by stand-ins, see below)
 
 At the end it prints counts per status, mean and median GPU-seconds per candidate, candidates per hour on the
 GPUs used, and the build seconds (wall and CPU).
 
-KernelBench's package imports `openai`, `litellm`, `dotenv` and `tqdm` when it is imported (for its LLM queries and
-progress bars, never on the evaluation path). Where one of them is not installed, the child processes put an
-inert stand-in module in its place and record its name in `stubbed`; `pydantic` (used by eval.py) must be
-installed: `pip install --no-index --find-links <wheel folder> pydantic python-dotenv tqdm`.
+KernelBench's package imports `openai`, `litellm`, `dotenv`, `tqdm` and `requests` when it is imported (for its LLM
+queries, progress bars and downloads, never on the evaluation path). Where one of them is not installed, the child
+processes put an inert stand-in module in its place and record its name in `stubbed`; `pydantic` (used by eval.py)
+must be installed: `pip install --no-index --find-links <wheel folder> pydantic python-dotenv tqdm`.
 
     python benchmarks/kernelbench_harness.py CANDIDATES --kernelbench CHECKOUT --out kb.jsonl [--work DIR]
-        [--gpus 1] [--build-workers N] [--timeout 180] [--gpu-arch Hopper] [--ids a,b] [--limit N] [--dry-run]
+        [--gpus 1] [--build-workers N] [--timeout 180] [--gpu-arch Hopper] [--precision fp32|fp16|bf16]
+        [--ids a,b] [--limit N] [--dry-run]
 """
 
 from __future__ import annotations
@@ -103,33 +105,8 @@ def reference_path(checkout: Path, level: int, problem_id: int, name: str | None
 # --------------------------------------------------------------------------------------------- child side
 
 
-def import_kernelbench(checkout: Path) -> list[str]:
-    """Put <checkout>/src first on sys.path and import kernelbench; returns the modules given stand-ins."""
-    import importlib
-    import types
-
-    sys.path.insert(0, str(checkout / "src"))
-    stubbed = []
-
-    def unavailable(*_a, **_k):
-        raise RuntimeError("not installed: this harness never queries a model")
-
-    stand_ins = {
-        "openai": {"OpenAI": unavailable},
-        "litellm": {"completion": unavailable},
-        "dotenv": {"load_dotenv": lambda *a, **k: False},
-        "tqdm": {"tqdm": lambda iterable=None, *a, **k: iterable if iterable is not None else _NullBar()},
-    }
-    for name, attrs in stand_ins.items():
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            module = types.ModuleType(name)
-            module.__dict__.update(attrs)
-            sys.modules[name] = module
-            stubbed.append(name)
-    importlib.import_module("kernelbench.eval")
-    return stubbed
+def _unavailable(*_a, **_k):
+    raise RuntimeError("not installed: this harness never queries a model or the network")
 
 
 class _NullBar:
@@ -141,6 +118,35 @@ class _NullBar:
 
     def __exit__(self, *_a):
         return False
+
+
+# KernelBench's imports that its evaluation never uses, and the stand-ins' contents where one is not installed
+STAND_INS = {
+    "openai": {"OpenAI": _unavailable},
+    "litellm": {"completion": _unavailable},
+    "dotenv": {"load_dotenv": lambda *a, **k: False},
+    "tqdm": {"tqdm": lambda iterable=None, *a, **k: iterable if iterable is not None else _NullBar()},
+    "requests": {"get": _unavailable, "post": _unavailable},  # eval.py imports it and calls none of it
+}
+
+
+def import_kernelbench(checkout: Path) -> list[str]:
+    """Put <checkout>/src first on sys.path and import kernelbench; returns the modules given stand-ins."""
+    import importlib
+    import types
+
+    sys.path.insert(0, str(checkout / "src"))
+    stubbed = []
+    for name, attrs in STAND_INS.items():
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            module = types.ModuleType(name)
+            module.__dict__.update(attrs)
+            sys.modules[name] = module
+            stubbed.append(name)
+    importlib.import_module("kernelbench.eval")
+    return stubbed
 
 
 def check_importable(checkout: Path) -> None:
@@ -189,13 +195,10 @@ def child_eval(args: argparse.Namespace) -> None:
     import torch
     from kernelbench import eval as kb_eval
 
-    tolerance = None
     if args.fp32_tolerance is not None:  # a deliberate override, recorded in the output
-        tolerance = args.fp32_tolerance
-        original = kb_eval.get_tolerance_for_precision
-        kb_eval.get_tolerance_for_precision = lambda p: tolerance if p in ("fp32", torch.float32) else original(p)
-    else:
-        tolerance = kb_eval.get_tolerance_for_precision(args.precision)
+        override, original = args.fp32_tolerance, kb_eval.get_tolerance_for_precision
+        kb_eval.get_tolerance_for_precision = lambda p: override if p in ("fp32", torch.float32) else original(p)
+    tolerance = kb_eval.get_tolerance_for_precision(args.precision)  # the one this precision's check uses
     device = torch.device(f"cuda:{args.device}")
     ref_src, cand_src = Path(args.reference).read_text(), Path(args.program).read_text()
     t0 = time.perf_counter()
@@ -412,7 +415,8 @@ def evaluate(cands: list[dict], builds: dict[str, dict], args: argparse.Namespac
                    "gpu_s": m["wall_s"], "eval_cpu_s": m["cpu_s"], "returncode": m["returncode"],
                    "eval_call_s": res.get("eval_call_s") if res else None,
                    "import_s": res.get("import_s") if res else None,
-                   "device": f"cuda:{device}", "device_name": res.get("device_name") if res else None,
+                   "device": f"cuda:{device}", "precision": args.precision,
+                   "device_name": res.get("device_name") if res else None,
                    "torch": res.get("torch") if res else None,
                    "tolerance": res.get("tolerance") if res else args.fp32_tolerance,
                    "stubbed": res.get("stubbed") if res else None}  # fmt: skip

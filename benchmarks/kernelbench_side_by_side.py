@@ -11,8 +11,14 @@ into --out/shard-K-of-N, for machines lent a few minutes a command; the report a
     ours.json        build wall and CPU seconds, verify wall seconds per mode
     kernelbench.jsonl  benchmarks/kernelbench_harness.py's output (a fresh process per candidate, after a pre-build)
 
+`--precision fp16|bf16` (default fp32) runs both parts in that precision: our tasks get it as their `precision`
+(inputs and both models' weights cast to it, KernelBench's tolerance for it) and KernelBench's harness gets
+`--precision`. Its files go to --out/<precision>/ (fp32 stays in --out itself), so one --out holds the runs of each
+precision side by side and never mixes them; ours.json and every kernelbench.jsonl line record the precision, and
+the report (run with the same --precision) prints it and stops where a file says another.
+
     python benchmarks/kernelbench_side_by_side.py .bench/kb_candidates --kernelbench .bench/KernelBench \
-        --out results/bench/kb_side --problems 16
+        --out results/bench/kb_side --problems 16 [--precision bf16]
 """
 
 from __future__ import annotations
@@ -77,7 +83,7 @@ def read_ours(out: Path) -> tuple[pd.DataFrame, dict, list[dict]]:
         parts.append(json.loads((folder / "ours.json").read_text()))
         if (folder / "ours.jsonl").is_file():
             rows += [json.loads(x) for x in (folder / "ours.jsonl").read_text().splitlines()]
-    keys = {k for p in parts for k in p if k != "build_steps_s"}
+    keys = {k for p in parts for k in p if k not in ("build_steps_s", "precision")}  # the precision: checked apart
     summed = lambda k: k in ("candidates", "built") or k.endswith(("_wall_s", "_cpu_s"))  # noqa: E731
     summary = {k: (sum if summed(k) else max)(p.get(k, 0) for p in parts) for k in keys}
     summary["runs"] = len(parts)
@@ -85,13 +91,14 @@ def read_ours(out: Path) -> tuple[pd.DataFrame, dict, list[dict]]:
     return ours, summary, parts
 
 
-def frames(cands: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The candidates and tasks tables (docs/data.md contracts 1 and 3) of the chosen candidates."""
+def frames(cands: list[dict], precision: str = "fp32") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The candidates and tasks tables (docs/data.md contracts 1 and 3) of the chosen candidates, the tasks in
+    `precision`."""
     task_of = {c["id"]: f"L{c['level']}/{Path(c['reference']).stem}" for c in cands}
     references = {task_of[c["id"]]: Path(c["reference"]).read_text() for c in cands}
     return (
         candidates_frame([(c["id"], task_of[c["id"]], Path(c["program"]).read_text()) for c in cands]),
-        tasks_frame(list(references.items())),
+        tasks_frame(list(references.items()), precision=precision),
     )
 
 
@@ -106,7 +113,7 @@ def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
     """Build every candidate once (shared by both modes), then verify all of them in each mode."""
     from concur.verify import api, compile_frame, verify_frame
 
-    candidates, tasks = frames(cands)
+    candidates, tasks = frames(cands, args.precision)
     folder = args.out / f"shard-{args.shard.replace('/', '-of-')}" if args.shard else args.out
     folder.mkdir(parents=True, exist_ok=True)
     work = folder / "ours-work"
@@ -117,7 +124,8 @@ def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
         "build_cache": str(work / "cache"),
         "timeout_s": 900,
     }
-    summary = {"candidates": len(candidates), "build_workers": args.build_workers, "workers": args.workers}
+    summary = {"candidates": len(candidates), "build_workers": args.build_workers, "workers": args.workers,
+               "precision": args.precision}  # fmt: skip
     summary["node_cores"] = len(os.sched_getaffinity(0))
     build_settings = {**settings, "mode": "hardened"}
     cpu0, t0 = busy_cpu_s(), time.perf_counter()
@@ -186,6 +194,8 @@ def run_kernelbench(cands: list[dict], args: argparse.Namespace) -> None:
         str(args.build_workers),
         "--ids",
         ",".join(c["id"] for c in cands),
+        "--precision",
+        args.precision,
     ]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)
@@ -195,11 +205,16 @@ def run_kernelbench(cands: list[dict], args: argparse.Namespace) -> None:
 def report(cands: list[dict], args: argparse.Namespace) -> dict:
     """The table of what is under --out, printed and returned."""
     ids = [c["id"] for c in cands]
+    precision = getattr(args, "precision", "fp32")
     ours, summary, parts = read_ours(args.out)
     if len(parts) > 1:
         print(f"our part: {len(parts)} shards, {summary['candidates']} candidates, each shard its own machine")
     kb = read_jsonl(args.out / "kernelbench.jsonl") if (args.out / "kernelbench.jsonl").is_file() else {}
     kb = {i: kb[i] for i in ids if i in kb}
+    found = {p.get("precision", "fp32") for p in parts} | {r.get("precision", "fp32") for r in kb.values()}
+    if found - {precision}:  # files written before the precision was recorded are fp32 runs
+        raise SystemExit(f"{args.out}: results in {', '.join(sorted(found))}, report asked for {precision}")
+    print(f"precision: {precision} ({args.out})")
     rows = []
     cores = args.node_cores or summary.get("node_cores") or len(os.sched_getaffinity(0))
     build_cpu = summary.get("build_cpu_s", 0) / max(1, summary.get("candidates", 1))  # shared PCHs apart
@@ -244,6 +259,7 @@ def report(cands: list[dict], args: argparse.Namespace) -> dict:
     print(table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     stages = stage_seconds(ours)
     result = {
+        "precision": precision,
         "table": rows,
         "stages": stages,
         "per_job": per_job(ours, summary),
@@ -337,7 +353,7 @@ def agreement(ours: pd.DataFrame, kb: dict) -> dict:
     return {"compared": n, "agree": n - len(differ), "same_kind": same_kind, "disagreements": differ}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("candidates", type=Path)
     parser.add_argument("--kernelbench", type=Path, required=True)
@@ -349,7 +365,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=16, help="our contestants per GPU")
     parser.add_argument("--build-workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--node-cores", type=int, help="cores per node (default: as recorded by our part, else here)")
-    args = parser.parse_args()
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
+                        help="both parts' precision; other than fp32, the files go to --out/<precision>")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.precision != "fp32":
+        args.out = args.out / args.precision
     cands, problems = load_candidates(args.candidates, args.kernelbench)
     for p in problems:
         print(f"[skip] {p}")

@@ -109,16 +109,16 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(independent(args.one, args.sizes, args.repeats)))
         return
     work = Path(tempfile.mkdtemp(prefix="concur-small-"))
-    children = {
-        v: subprocess.Popen(
+    plain = {}
+    for v in args.variants:  # one at a time: two readings side by side on one GPU would slow each other
+        child = subprocess.run(
             [sys.executable, __file__, "--one", v, "--sizes", ",".join(args.sizes), "--repeats", str(args.repeats)],
             stdout=subprocess.PIPE,
             text=True,
             env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / f"ext-{v}")),
+            check=True,
         )
-        for v in args.variants
-    }
-    plain = {v: json.loads(child.communicate()[0].strip().splitlines()[-1]) for v, child in children.items()}
+        plain[v] = json.loads(child.stdout.strip().splitlines()[-1])
     judged = verifier(args.variants, args.sizes, args.mode, work)
     print("| task | variant | verifier: ref / kernel ms | speedup | plain loop: eager / kernel ms | speedup | ratio |")
     print("|---|---|---:|---:|---:|---:|---:|")

@@ -287,3 +287,91 @@ def test_side_by_side_spreads_problems_and_counts_disagreements(tmp_path, capsys
                     for i in "xy"]  # fmt: skip
     candidates, tasks = side.frames(same_problem)
     assert list(candidates["task_id"]) == ["L2/ref", "L2/ref"] and list(tasks["task_id"]) == ["L2/ref"]
+
+
+FAKE_KB_EVAL = """
+import torch
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Result:
+    def __init__(self, **fields):
+        self.fields = fields
+
+    def model_dump(self):
+        return dict(self.fields)
+
+
+def get_torch_dtype_from_string(precision):
+    return DTYPES[precision]
+
+
+def get_tolerance_for_precision(precision):
+    return 1e-4 if DTYPES.get(precision, precision) == torch.float32 else 1e-2
+
+
+def get_error_name(e):
+    return type(e).__name__
+
+
+def check_metadata_serializable_all_types(metadata):
+    return metadata
+
+
+def build_compile_cache(custom_model_src, verbose=False, build_dir=None):
+    return True, "", None
+
+
+def eval_kernel_against_ref(original_model_src, custom_model_src, precision=torch.float32, **_):
+    # a stand-in for KernelBench's evaluation: correct in float16 only, and it says which dtype it was given
+    return Result(compiled=True, correctness=precision == torch.float16, runtime=1.0, ref_runtime=2.0,
+                  metadata={"precision": str(precision)})
+"""
+
+
+def test_side_by_side_precision_reaches_both_parts_and_its_own_folder(tmp_path, monkeypatch, capsys):
+    """--precision fp16: our part's tasks carry it (what the verifier reads as each task's precision), KernelBench's
+    harness passes it to eval_kernel_against_ref (a stand-in KernelBench, in the harness's own child processes), and
+    the files go to --out/fp16, where the report shows it and agrees; a report for another precision stops."""
+    import concur.verify
+    from concur.verify.api import task_precisions
+
+    side = load("kernelbench_side_by_side")
+    kb = checkout(tmp_path)
+    (kb / "src" / "kernelbench").mkdir(parents=True)
+    (kb / "src" / "kernelbench" / "__init__.py").write_text("")
+    (kb / "src" / "kernelbench" / "utils.py").write_text("def set_gpu_arch(arches):\n    pass\n")
+    (kb / "src" / "kernelbench" / "eval.py").write_text(FAKE_KB_EVAL)
+    seen = {}
+
+    def fake_compile(candidates, settings, workdir, progress=False, tasks=None):
+        return candidates[["candidate_id", "task_id"]].assign(status="built")
+
+    def fake_verify(candidates, tasks, settings, workdir, progress=False, builds=None):
+        seen.update(task_precisions(tasks))  # as verify_frame reads them
+        precision = candidates["task_id"].map(task_precisions(tasks))
+        return candidates[["candidate_id", "task_id"]].assign(
+            status=["correct" if p == "fp16" else "incorrect" for p in precision], reason="", speedup=1.0,
+            eval_s=1.0, flags="")  # fmt: skip
+
+    monkeypatch.setattr(concur.verify, "compile_frame", fake_compile)
+    monkeypatch.setattr(concur.verify, "verify_frame", fake_verify)
+    monkeypatch.setattr(side, "shared_pchs", lambda *a: 0)
+    out = tmp_path / "side"
+    side.main([str(write_folder(tmp_path)), "--kernelbench", str(kb), "--out", str(out), "--precision", "fp16",
+               "--modes", "kernelbench", "--build-workers", "2"])  # fmt: skip
+    assert set(seen.values()) == {"fp16"} and len(seen) == 2
+    assert not (out / "ours.json").exists() and not (out / "kernelbench.jsonl").exists()  # fp32's place stays empty
+    assert json.loads((out / "fp16" / "ours.json").read_text())["precision"] == "fp16"
+    theirs = [json.loads(x) for x in (out / "fp16" / "kernelbench.jsonl").read_text().splitlines()]
+    assert [(r["precision"], r["metadata"]["precision"], r["status"]) for r in theirs] == [
+        ("fp16", "torch.float16", "correct")
+    ] * 2
+    assert all(r["tolerance"] == 1e-2 for r in theirs)
+    report = json.loads((out / "fp16" / "report.json").read_text())
+    assert report["precision"] == "fp16" and report["agreement"]["agree"] == report["agreement"]["compared"] == 2
+    assert f"precision: fp16 ({out / 'fp16'})" in capsys.readouterr().out
+    args = type("Args", (), {"out": out / "fp16", "node_cores": 16, "precision": "bf16"})()
+    with pytest.raises(SystemExit, match="results in fp16, report asked for bf16"):
+        side.report(harness.load_candidates(write_folder(tmp_path / "again"), kb)[0], args)

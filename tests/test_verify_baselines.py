@@ -2,7 +2,10 @@
 inputs and weights, KernelBench's tolerance for them): the arithmetic on the CPU, one CPU verify run through
 verify_frame, and a `gpu` test that would compare kernelbench mode with KernelBench's own eval_kernel_against_ref."""
 
+import importlib.util
 import math
+import os
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +18,8 @@ from concur.verify import baselines, checks, verify_frame
 from concur.verify.api import decide, task_precisions
 from concur.verify.orchestrate import Job, blank_verdict
 
-FIXTURES = Path(__file__).parent / "fixtures" / "verify"
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "verify"
 REFERENCE = (FIXTURES / "task_relu_add.py").read_text()
 TORCH_ONLY = (FIXTURES / "solution_torch_only.py").read_text()
 
@@ -102,27 +106,88 @@ def test_verify_frame_times_the_compiled_reference_and_casts_to_the_tasks_precis
     assert verdicts.loc["c16"].max_abs_err <= 1e-2
 
 
-@pytest.mark.gpu
-def test_kernelbench_mode_agrees_with_kernelbenchs_own_eval_per_precision(tmp_path):
-    """On a GPU with KernelBench installed: kernelbench mode's verdicts on the same candidates as KernelBench's
-    eval_kernel_against_ref(precision=...) for fp32, fp16 and bf16 (correctness; its times are its own)."""
+# candidates for the comparison with KernelBench, each with a verdict that depends on the task's precision
+AGREEMENT_CANDIDATES = {
+    "correct": TORCH_ONLY,
+    "wrong": TORCH_ONLY.replace("* self.scale", "* self.scale * 1.1"),
+    # float32 out: correct in fp32; in fp16/bf16 its dtype differs from the reference's
+    "float_out": TORCH_ONLY.replace("return torch.clamp(x + y, min=0.0) * self.scale",
+                                    "return (torch.clamp(x + y, min=0.0) * self.scale).float()"),
+    # rounded through float16: past fp32's 1e-4, within fp16's and bf16's 1e-2
+    "via_half": TORCH_ONLY.replace("return torch.clamp(x + y, min=0.0) * self.scale",
+                                   "return (torch.clamp(x + y, min=0.0) * self.scale).half().to(x.dtype)"),
+}  # fmt: skip
+
+
+@pytest.fixture
+def kb_eval(monkeypatch):
+    """On a GPU: KernelBench's eval module from the checkout KERNELBENCH_DIR names (its src/kernelbench/ package),
+    imported as benchmarks/kernelbench_harness.py imports it, with stand-ins for the clients it never uses here
+    (openai, litellm, dotenv, tqdm, requests where missing; pydantic must be installed)."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    kb_eval = pytest.importorskip("src.eval", reason="needs KernelBench's source on the path")
-    candidates = {"correct": TORCH_ONLY, "wrong": TORCH_ONLY.replace("* self.scale", "* self.scale * 1.1")}
-    for precision, dtype in contracts.PRECISIONS.items():
-        tasks = tasks_frame([("relu_add", REFERENCE)]).assign(precision=[precision])
-        frame = candidates_frame([(name, "relu_add", code) for name, code in candidates.items()])
-        settings = {"device": "cuda", "mode": "kernelbench", "build_cache": str(tmp_path / "cache")}
-        ours = verify_frame(frame, tasks, settings, tmp_path / f"work-{precision}", progress=False)
+    checkout = os.environ.get("KERNELBENCH_DIR")
+    if not checkout:
+        pytest.skip("set KERNELBENCH_DIR to a KernelBench checkout (src/kernelbench/, KernelBench/) to compare")
+    checkout = Path(checkout).resolve()
+    if not (checkout / "src" / "kernelbench" / "eval.py").is_file():
+        pytest.skip(f"KERNELBENCH_DIR={checkout}: no src/kernelbench/eval.py (KernelBench at 423217d or later)")
+    spec = importlib.util.spec_from_file_location("kernelbench_harness", ROOT / "benchmarks" / "kernelbench_harness.py")
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # import_kernelbench puts <checkout>/src first
+    for name in ("TORCH_EXTENSIONS_DIR", "TORCH_USE_CUDA_DSA"):  # eval_kernel_against_ref sets them in this process
+        monkeypatch.delenv(name, raising=False)
+    before = set(sys.modules)
+    try:
+        stubbed = harness.import_kernelbench(checkout)
+    except Exception as err:  # a dependency missing here (pydantic, ...): say which
+        pytest.skip(f"KernelBench from {checkout / 'src'} does not import: {type(err).__name__}: {err}")
+    yield sys.modules["kernelbench.eval"]
+    for name in set(sys.modules) - before:  # KernelBench and its stand-ins leave with the test
+        if name.split(".")[0] == "kernelbench" or name in stubbed:
+            del sys.modules[name]
+
+
+@pytest.mark.gpu
+def test_kernelbench_mode_agrees_with_kernelbenchs_own_eval_per_precision(tmp_path, kb_eval):
+    """On a GPU with KernelBench (KERNELBENCH_DIR): kernelbench mode's correct/not on the same candidates as
+    KernelBench's eval_kernel_against_ref(precision=...) for fp32, fp16 and bf16 (its times are its own). The
+    candidates' verdicts change with the precision (a float32 output, a result rounded through float16, a CUDA
+    kernel written for float32 only), so each precision has correct and failing candidates on both sides."""
+    import torch
+    from verify_cuda_solutions import solution
+
+    candidates = {**AGREEMENT_CANDIDATES, "cuda_fp32_only": solution("fast")}
+    tasks = tasks_frame([(f"relu_add_{p}", REFERENCE) for p in contracts.PRECISIONS])
+    tasks["precision"] = list(contracts.PRECISIONS)
+    frame = candidates_frame([(f"{name}@{p}", f"relu_add_{p}", code) for p in contracts.PRECISIONS
+                              for name, code in candidates.items()])  # fmt: skip
+    settings = {"device": "cuda", "mode": "kernelbench", "build_cache": str(tmp_path / "cache")}
+    ours = verify_frame(frame, tasks, settings, tmp_path / "work", progress=False).set_index("candidate_id")
+    rows = []
+    for precision in contracts.PRECISIONS:
         for name, code in candidates.items():
             theirs = kb_eval.eval_kernel_against_ref(
-                REFERENCE, code, measure_performance=False, device=torch.device("cuda:0"),
-                precision=getattr(torch, dtype),
+                REFERENCE, code, num_correct_trials=5, measure_performance=False, verbose=False,
+                build_dir=str(tmp_path / "kb-build" / name), device=torch.device("cuda:0"), backend="cuda",
+                precision=kb_eval.get_torch_dtype_from_string(precision),
             )  # fmt: skip
-            mine = ours.set_index("candidate_id").loc[name]
-            assert bool(mine.correct) == bool(theirs.correctness), (precision, name, mine.reason)
+            meta = {} if theirs is None else theirs.metadata
+            why = next((str(meta[k]) for k in ("correctness_issue", "runtime_error", "compilation_error") if k in meta),
+                       "" if theirs is not None else "returned None (lock file)")  # fmt: skip
+            mine = ours.loc[f"{name}@{precision}"]
+            rows.append({"precision": precision, "candidate": name, "ours": mine.status, "ours_reason": mine.reason,
+                         "ours_correct": bool(mine.correct), "kb_reason": why[:200],
+                         "kb_correct": theirs is not None and bool(theirs.correctness)})  # fmt: skip
+    table = pd.DataFrame(rows)
+    if os.environ.get("CONCUR_GPU_REPORT"):
+        table.to_csv(Path(os.environ["CONCUR_GPU_REPORT"]) / "kernelbench_agreement.csv", index=False)
+    shown = table.to_string(index=False, max_colwidth=80)
+    assert (table["ours_correct"] == table["kb_correct"]).all(), f"kernelbench mode and KernelBench differ:\n{shown}"
+    for precision, part in table.groupby("precision"):  # agreement on both outcomes, not on one
+        assert part["kb_correct"].any() and not part["kb_correct"].all(), f"{precision}: one outcome only\n{shown}"
 
 
 def test_eval_scores_fast_p_over_each_baseline_and_the_table_shows_them():

@@ -575,8 +575,9 @@ def test_warm_up_ends_after_one_slow_batch(monkeypatch):
 
     for batch_s, expected in ((0.02, 3), (0.15, 1)):
         batches = []
-        monkeypatch.setattr(measure, "timed_batch", lambda *a, s=batch_s, b=batches: b.append(time.sleep(s)))
-        measure.warm_up(None, None, None, 1, {"warmup": 3, "timing_min_s": 0.1}, lambda *a: {"ok": True})
+        monkeypatch.setattr(measure, "timed_batch", lambda *a, s=batch_s, b=batches, **k: b.append(time.sleep(s)))
+        settings = {"warmup": 3, "timing_min_s": 0.1, "mode": "hardened", "correctness_trials": 5, "signed_trials": 1}
+        measure.warm_up(None, None, None, 1, settings, lambda *a: {"ok": True})
         assert len(batches) == expected
 
 

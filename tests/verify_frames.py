@@ -18,12 +18,14 @@ def candidates_frame(rows: list[tuple[str, str, str]]) -> pd.DataFrame:
     ), contracts.CANDIDATES)  # fmt: skip
 
 
-def tasks_frame(rows: list[tuple[str, str]], category: str = "fused") -> pd.DataFrame:
-    """(task_id, program) rows as a tasks table."""
+def tasks_frame(rows: list[tuple[str, str]], category: str = "fused", precision: str | None = None) -> pd.DataFrame:
+    """(task_id, program) rows as a tasks table; `precision` (fp32, fp16, bf16) for every task, or none given (a
+    table made before tasks had one: read as fp32)."""
+    extra = {} if precision is None else {"precision": precision}
     return contracts.conform(pd.DataFrame(
         [
             {"task_id": tid, "split": "train", "suite": "test", "level": 1, "name": tid, "code": code,
-             "category": category, "n_ops": 1, "origin": "fixture"}
+             "category": category, "n_ops": 1, "origin": "fixture", **extra}
             for tid, code in rows
         ]
     ), contracts.TASKS)  # fmt: skip

@@ -95,14 +95,17 @@ def tolerance(dtype: str, settings: dict) -> tuple[float, float]:
     return (default if atol is None else float(atol)), (default if rtol is None else float(rtol))
 
 
-def compare(new: list, ref: list, settings: dict, strict_finite: bool, leaf_scale: bool = False) -> dict:
+def compare(
+    new: list, ref: list, settings: dict, strict_finite: bool, leaf_scale: bool = False, peaks: list | None = None
+) -> dict:
     """Facts about output leaves against the reference's: count, shape, dtype, NaN/inf, allclose, largest error.
 
     KernelBench semantics: same number of outputs and shapes, `allclose` in the output's dtype (NaN never equals
     NaN); the dtype must match too. `strict_finite` (hardened): any NaN or inf in the candidate's output fails.
     `leaf_scale` (signed trials): rtol counts against the leaf's largest magnitude rather than each element's, since
     signed inputs cancel in sums and leave elements near zero whose float32 rounding alone exceeds an element-wise
-    tolerance (a long dot product computed in another order); a kernel that mishandles signs is off by far more."""
+    tolerance (a long dot product computed in another order); a kernel that mishandles signs is off by far more.
+    `peaks`: those largest magnitudes given per leaf (leaf_peaks of the whole output, where `ref` is a sample)."""
     import torch
 
     if len(new) != len(ref):
@@ -121,8 +124,8 @@ def compare(new: list, ref: list, settings: dict, strict_finite: bool, leaf_scal
             continue
         a = a.to(b.device)
         atol, rtol = tolerance(str(b.dtype), settings)
-        if leaf_scale and b.is_floating_point():
-            atol, rtol = atol + rtol * _peak(b), 0.0
+        if (leaf_scale or peaks) and b.is_floating_point():
+            atol, rtol = atol + rtol * (_peak(b) if peaks is None else peaks[i]), 0.0
         finite, worst, close = _compare_tensor(a, b, atol, rtol)
         if strict_finite and not finite:
             facts.update(ok_finite=False, detail=f"output {i}: NaN or inf in the output")
@@ -148,6 +151,16 @@ def _compare_tensor(a, b, atol: float, rtol: float) -> tuple[bool, float, bool]:
         worst = max(worst, max_abs_error(x, y))
         close = close and _allclose(x, y, atol, rtol)
     return finite, worst, close
+
+
+def leaf_peaks(outputs: list) -> list[float | None] | None:
+    """Each floating leaf's largest magnitude (None for other leaves); None where any leaf holds NaN or inf."""
+    import torch
+
+    floating = [o for o in outputs if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    if not all(bool(torch.isfinite(o).all()) for o in floating):
+        return None
+    return [_peak(o) if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outputs]
 
 
 def _peak(t) -> float:

@@ -143,7 +143,7 @@ class Contestant:
         box = self.spec.get("sandbox")
         if self.sandbox != "landlock" or not box:
             return
-        sandbox.confine_reads([*box["write"], *([build_dir] if build_dir else [])], box["around"])
+        sandbox.confine_reads([build_dir] if build_dir else [], box["around"], box["write"])
 
     def arena(self, msg: dict, fds: list[int]) -> dict:
         old = self.arenas.pop(msg["slot"], None)

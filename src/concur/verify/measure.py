@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
+from dataclasses import dataclass
 
 from concur.verify import checks, exchange, procs, timing
 from concur.verify.reference import (
@@ -31,6 +32,33 @@ def samples_per_call(calls: int) -> int:
     return max(SAMPLES_MIN, -(-SAMPLES_PER_BATCH // max(1, calls)))
 
 
+def draw_kinds(calls: int, settings: dict) -> list[str]:
+    """How each call of a batch draws its inputs, in secret: in hardened mode as the correctness trials' mix does
+    (`signed_trials` signed among `correctness_trials` random, call by call at random), so no call's inputs tell a
+    timed call from a graded one."""
+    signed = int(settings["signed_trials"]) if settings["mode"] == "hardened" else 0
+    total = int(settings["correctness_trials"]) + signed
+    return ["signed" if signed and secrets.randbelow(total) < signed else "random" for _ in range(calls)]
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """One timed call's draw and how its sampled outputs are checked: a signed call's against its leaves' largest
+    magnitudes in the reference's whole outputs (`peaks`, as a signed trial counts its tolerance), and not at all
+    where the reference's outputs are not finite on its inputs (`checked`, as a signed trial is then skipped)."""
+
+    kind: str = "random"
+    peaks: list | None = None
+    checked: bool = True
+
+
+def drawn(kind: str, outputs: list) -> Drawn:
+    if kind != "signed":
+        return Drawn()
+    peaks = checks.leaf_peaks(outputs)
+    return Drawn(kind, peaks, peaks is not None)
+
+
 EXPECTED_BACKEND = {
     "matmul.allow_tf32": False,
     "cudnn.allow_tf32": False,
@@ -46,7 +74,7 @@ def time_reference(referee, task, settings) -> dict:
     batch's seeds, forward and hand-off times, where every call's outputs are checked (`samplers`) and what the
     reference's held there (`samples`)."""
     calls = task.calls
-    plan = {"calls": calls, "batches": [], "samples": [], "samplers": [], "own_clock": []}
+    plan = {"calls": calls, "batches": [], "samples": [], "samplers": [], "drawn": [], "own_clock": []}
     plan.update({key: [] for key in ("forward", "stage", "handoff", "prepare")})
     ask = lambda m, s, t=600.0, spin=False: ref_ask(task, m, s, t, spin)  # noqa: E731
     with reference_side(), referee.quiet():
@@ -56,13 +84,14 @@ def time_reference(referee, task, settings) -> dict:
             calls,
             float(settings["timing_min_s"]),
         ):
-            seeds = [secrets.randbits(62) for _ in range(calls)]
+            seeds, kinds = [secrets.randbits(62) for _ in range(calls)], draw_kinds(calls, settings)
             sampler = Sampler(referee, task.meta, positions(referee, task.meta, calls), calls)
-            batch = timed_batch(referee, task, task.runner, seeds, ask, gather=sampler.read)
+            batch = timed_batch(referee, task, task.runner, seeds, ask, gather=sampler.read, kinds=kinds)
             if batch["outputs"] is None:  # its outputs changed kind, dtype or shape between calls
                 raise CallFailed("the reference's outputs are not laid out as in its first call")
             read = sampler.split(batch["gathered"])
             plan["samples"].append([kept_sample(got, out) for got, out in zip(read, batch["outputs"])])
+            plan["drawn"].append([drawn(kind, out) for kind, out in zip(kinds, batch["outputs"])])
             plan["samplers"].append(sampler)
             plan["batches"].append(seeds)
             for key in ("forward", "stage", "handoff", "prepare"):
@@ -124,16 +153,18 @@ def warm_up(referee, task, runner, calls, settings, ask, deadline: float | None 
     while done < max(1, int(settings["warmup"])) or time.perf_counter() - begin < timing.WARMUP_MIN_S:
         if done and time.perf_counter() - begin >= max(timing.WARMUP_MIN_S, float(settings["timing_min_s"])):
             break
-        timed_batch(referee, task, runner, [secrets.randbits(62) for _ in range(calls)], ask, deadline)
+        seeds = [secrets.randbits(62) for _ in range(calls)]
+        timed_batch(referee, task, runner, seeds, ask, deadline, kinds=draw_kinds(calls, settings))
         done += 1
 
 
-def timed_batch(referee, task, runner, seeds, ask, deadline: float | None = None, gather=None) -> dict:
-    """One timed batch: fresh inputs drawn, the contestant's views of the arena made, then on the referee's clock
-    the inputs written and the caches flushed, the calls run, and their outputs handed off, with what `gather`
-    reads of them (timed_round).
+def timed_batch(referee, task, runner, seeds, ask, deadline=None, gather=None, kinds: list | None = None) -> dict:
+    """One timed batch: fresh inputs drawn (each call as `kinds` says: draw_kinds), the contestant's views of the
+    arena made, then on the referee's clock the inputs written and the caches flushed, the calls run, and their
+    outputs handed off, with what `gather` reads of them (timed_round).
     `forward_ms`: the clock less the writing (whose excess over the reference's counts, timing.charged)."""
-    values = [referee.draw(task, s, "random") for s in seeds]
+    kinds = kinds or ["random"] * len(seeds)
+    values = [referee.draw(task, s, kind) for s, kind in zip(seeds, kinds)]
     specs = referee.layout(runner, values, "timing")
     begin = time.perf_counter()  # recorded, not counted: nothing of this batch's inputs is in the arena yet
     answered(ask({"op": "prepare", "calls": [{"args": sp} for sp in specs]}, "timing", 60.0, spin=True))
@@ -152,6 +183,7 @@ def timed_batch(referee, task, runner, seeds, ask, deadline: float | None = None
         "gathered": timed["gathered"],
         "specs": specs,
         "values": values,
+        "kinds": kinds,
         "cpu_s": timed["cpu_s"],
         "kernel_calls": reply.get("kernel_calls", 0),
         "own_clock": own_clock(reply, timed),
@@ -230,7 +262,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, limit(deadline, t), spin=spin)  # noqa: E731
     forward, stages, handoffs, prepares, cpu_s, own = [], [], [], [], [], []
     billed: list[float] = []  # forward's batches per call, charged (charged below)
-    timed = {"calls": 0, "mismatch": None, "mutated": []}
+    timed = {"calls": 0, "mismatch": None, "mutated": [], "unchecked": 0}
     resolve_ms = timing.resolvable_ms(task.jitter_ms)
     reference = reference_summary(task, plan)
     steady = timing.per_call_times([1000.0 * s for s in facts.get("steady_call_s", [])], task.overhead_ms, 1)
@@ -244,13 +276,21 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             "per_call_ms": {"ref": plan["per_call"], "new": steady},
         }
         return inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
-    # the timed call checked whole, drawn in secret before any batch runs (the last batch's, if timing stops first)
+    # drawn in secret before any batch runs: the timed call checked whole (the last batch's, if timing stops
+    # first), and the batch before which one more call like them is profiled (after the last, if timing stops first)
     whole_at, whole, last = (secrets.randbelow(len(plan["batches"])), secrets.randbelow(calls)), None, None
+    profile_at = secrets.randbelow(len(plan["batches"]))
     with referee.quiet():
         if not timing.warm_already(facts.get("call_s", []), float(settings["timing_min_s"])):
             warm_up(referee, task, candidate, calls, settings, ask, deadline)
-        for number, (seeds, samples, sampler) in enumerate(zip(plan["batches"], plan["samples"], plan["samplers"])):
-            batch = timed_batch(referee, task, candidate, seeds, ask, deadline, sampler.read)
+        batches = zip(plan["batches"], plan["samples"], plan["samplers"], plan["drawn"])
+        for number, (seeds, samples, sampler, draws) in enumerate(batches):
+            if number == profile_at:
+                timed["mismatch"] = profile_timed(referee, task, candidate, settings, facts, deadline)
+                if timed["mismatch"]:
+                    break
+            kinds = [d.kind for d in draws]
+            batch = timed_batch(referee, task, candidate, seeds, ask, deadline, sampler.read, kinds)
             outputs = batch["outputs"]
             if outputs is None:
                 at, mismatch = checks.batch_structure(batch["metas"], task.meta, calls)
@@ -267,7 +307,10 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             cpu_s.append(batch["cpu_s"])
             timed["calls"] += calls
             for i, (got, kept) in enumerate(zip(sampler.split(batch["gathered"]), samples)):
-                failed = sample_mismatch(torch, got, outputs[i], kept, settings)
+                if not draws[i].checked:  # signed inputs on which the reference's outputs are not finite
+                    timed["unchecked"] += 1
+                    continue
+                failed = sample_mismatch(torch, got, outputs[i], kept, settings, draws[i].peaks)
                 if failed and not timed["mismatch"]:
                     timed["mismatch"] = f"call {number * calls + i + 1}: {failed}"
             for i in range(calls):
@@ -286,6 +329,8 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
         whole = whole_call(torch, number, calls, whole_at[1], seeds, batch, copy=False)
     if whole is not None and not timed["mismatch"]:
         timed["mismatch"] = check_whole(referee, task, settings, facts, *whole)
+    if "profiled_timed" not in facts and last is not None and not timed["mismatch"]:  # after the whole check: the
+        timed["mismatch"] = profile_timed(referee, task, candidate, settings, facts, deadline)  # last batch in place
     facts["timed"] = timed
     if forward:
         per_call = timing.per_call_times(forward, task.overhead_ms, calls)
@@ -321,34 +366,59 @@ def whole_call(torch, number: int, calls: int, i: int, seeds: list, batch: dict,
     """check_whole's arguments for call `i` of timed batch `number`: its outputs copied where a later hand-off
     would overwrite them."""
     outputs = [o.clone() if copy and isinstance(o, torch.Tensor) else o for o in batch["outputs"][i]]
-    return number * calls + i + 1, seeds[i], batch["values"][i], outputs
+    return f"call {number * calls + i + 1}", seeds[i], batch["values"][i], outputs, batch["kinds"][i]
 
 
-def check_whole(referee, task, settings, facts, number: int, seed: int, values: list, outputs: list) -> str | None:
-    """One timed call, drawn in secret, checked as the first correctness trial is: every element against the
-    reference's outputs on its inputs, and the errors of both against the reference run in float64
-    (`facts["precision_timed"]`; checks.precision_flag reads the worse of it and the trial's). So a candidate that
-    told timed calls from graded ones, and cut corners only on the timed, is judged on one of them in full. Returns
-    the mismatch, as the sampled check words it."""
+def check_whole(referee, task, settings, facts, where: str, seed: int, values: list, outputs: list, kind: str,
+                precision_key: str | None = "precision_timed") -> str | None:  # fmt: skip
+    """One timed call, drawn in secret, checked as a correctness trial of its kind is: every element against the
+    reference's outputs on its inputs (none where a signed draw leaves those not finite), and the errors of both
+    against the reference run in float64 (`facts[precision_key]`; checks.precision_flag reads the worse of it and
+    the first trial's). So a candidate that told timed calls from graded ones, and cut corners only on the timed, is
+    judged on one of them in full. Returns the mismatch, as the sampled check words it."""
     from concur.verify.evaluation import precision, reference_outputs
 
     ref = reference_outputs(referee, task, values, seed)
-    found = checks.compare(outputs, ref, settings, strict_finite=True)
+    signed = kind == "signed"
+    if signed and checks.leaf_peaks(ref) is None:
+        return None
+    found = checks.compare(outputs, ref, settings, strict_finite=True, leaf_scale=signed)
     if not checks.passes(found):
-        return f"call {number}: {checks.trial_failure(found)}"
-    facts["precision_timed"] = precision(referee, task, values, ref, outputs, seed)
+        return f"{where}: {checks.trial_failure(found)}"
+    if precision_key:
+        facts[precision_key] = precision(referee, task, values, ref, outputs, seed)
     return None
 
 
-def sample_mismatch(torch, picked: list, leaves: list, kept: list, settings: dict) -> str | None:
+def profile_timed(referee, task, candidate, settings, facts, deadline) -> str | None:
+    """One more call, drawn as the timed calls are and made at a secret point among the timed batches, under the
+    profiler as the first correctness call is (`facts["profiled_timed"]`: the names of what it ran), its outputs
+    checked whole: a candidate that launches its own kernels only on its first call is seen launching others here.
+    Returns the mismatch."""
+    kind, seed = draw_kinds(1, settings)[0], secrets.randbits(62)
+    values = referee.draw(task, seed, kind)
+    specs = referee.stage(candidate, [values], "profile")[0]
+    message = {"op": "call", "calls": [{"args": specs, "seed": seed}], "profile": True}
+    reply = answered(candidate.ask(message, "profile", limit(deadline, call_timeout(task, 1) + PROFILE_EXTRA_S)))
+    facts["profiled_timed"] = reply.get("names")
+    metas = reply["outs"][0]
+    mismatch = checks.structure(metas, task.meta)
+    if mismatch:
+        return f"the profiled call: {mismatch}"
+    outputs, _ = referee.handoff(candidate, [metas], "profile", limit(deadline, call_timeout(task, 1)))
+    return check_whole(referee, task, settings, facts, "the profiled call", seed, values, outputs[0], kind, None)
+
+
+def sample_mismatch(torch, picked: list, leaves: list, kept: list, settings: dict, peaks=None) -> str | None:
     """The first output whose checked elements (`picked` on the clock; a value leaf from the reply's `leaves`)
-    differ from the reference's."""
+    differ from the reference's; a signed call's against its leaves' largest magnitudes (`peaks`: Drawn)."""
     for index, (got, leaf, expected) in enumerate(zip(picked, leaves, kept)):
         if not isinstance(expected, torch.Tensor):
             if leaf != expected:
                 return f"output {index}: {leaf!r} != {expected!r}"
             continue
-        facts = checks.compare([got], [expected], settings, strict_finite=True)
+        peak = None if peaks is None else [peaks[index]]
+        facts = checks.compare([got], [expected], settings, strict_finite=True, peaks=peak)
         if not checks.passes(facts):
             return checks.trial_failure(facts)
     return None
@@ -370,22 +440,28 @@ def time_kernelbench(referee, task, candidate, settings, facts, deadline) -> Non
 
 
 def inspect(referee, task, candidate, facts, deadline, own_kernels: list[str] | None) -> None:
-    """What ran in the candidate's forward (profiler: its first correctness call, else one call more) and the
-    state it left (backend flags, harness functions)."""
-    names = facts.pop("profiled", None)
-    if names is None:
+    """What ran in the candidate's forward (profiler: its first correctness call and a timed one, else one call
+    more: `names` all they ran, `launched_own` its own kernels launched on every profiled call) and the state it
+    left (backend flags, harness functions)."""
+    profiled = [n for n in (facts.pop("profiled", None), facts.pop("profiled_timed", None)) if n is not None]
+    if not profiled:
         values = referee.draw(task, secrets.randbits(62), "random")
         specs = referee.stage(candidate, [values], "profile")[0]
         timeout = limit(deadline, call_timeout(task, 1) + PROFILE_EXTRA_S)
         reply = candidate.ask({"op": "profile", "args": specs}, "profile", timeout)
-        names = reply.get("names") if reply.get("ok") else None
+        profiled = [reply["names"]] if reply.get("ok") and reply.get("names") is not None else []
     own = None if own_kernels is None else set(own_kernels) - set(task.profile or {})
+    names: dict | None = {} if profiled else None
+    for found in profiled:
+        for name, count in found.items():
+            names[name] = names.get(name, 0) + count
+    launched = set.intersection(*(set(found) & (own or set()) for found in profiled)) if profiled else set()
     facts["profile"] = {
         "device": referee.device,
         "names": names,
         "reference": task.profile,
         "own": None if own is None else sorted(own),
-        "launched_own": sorted(n for n in (names or {}) if own and n in own),
+        "launched_own": sorted(launched),
     }
     state = candidate.ask({"op": "state"}, "profile", limit(deadline, 30.0))
     backend = state.get("backend") or {}

@@ -134,15 +134,20 @@ def confine(
     return "landlock"
 
 
-def confine_reads(read: list[str], around: list[str]) -> bool:
+def confine_reads(read: list[str], around: list[str], write: list[str] = ()) -> bool:
     """One more Landlock layer, on reads alone: only `around` (readable_around of the hidden trees, computed before
-    the first layer, which hides the folders on the way to them) and `read` stay readable (a process already confined
-    keeps its first layer's rules: a layer only ever takes rights away). A contestant forked before its job is known
-    adds it as it loads its program, for its own build. False without Landlock."""
-    if landlock_abi() < 1:
+    the first layer, which hides the folders on the way to them), `read` and `write` stay readable (a process
+    already confined keeps its first layer's rules: a layer only ever takes rights away). A contestant forked before
+    its job is known adds it as it loads its program, for its own build. Every layer denies moving a file to another
+    folder unless it grants that (Landlock's REFER, from ABI 2), so `write` (the folders the first layer lets it
+    change) keeps it here: Triton and inductor write their caches by renaming. False without Landlock."""
+    abi = landlock_abi()
+    if abi < 1:
         return False
-    handled = _EXECUTE | _READ_FILE | _READ_DIR
-    _restrict(ctypes.c_uint64(handled), 8, handled, [(path, handled) for path in list(around) + list(read)])
+    reads = _EXECUTE | _READ_FILE | _READ_DIR
+    handled = reads | (_REFER if abi >= 2 else 0)
+    grants = [(path, reads) for path in [*around, *read]] + [(path, handled) for path in write]
+    _restrict(ctypes.c_uint64(handled), 8, handled, grants)
     return True
 
 
