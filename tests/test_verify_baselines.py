@@ -247,3 +247,22 @@ def test_compiled_baselines_are_timed_on_the_gpu(mode, tmp_path):
         assert fast[column] > 0, (column, fast[column])
     assert math.isnan(fast.speedup_compile_reduce_overhead)
     assert verdicts.loc["wrong"].speedup_compile == 0.0
+
+
+def test_cuda_graph_baselines_give_every_call_outputs_of_its_own():
+    """Under CUDA graphs a replay writes the last one's outputs again: a batch, which keeps every call's outputs
+    until its hand-off, gets them cloned, each call a new graph step."""
+    torch = pytest.importorskip("torch")
+    from concur.verify import contestant
+
+    shared = torch.zeros(4)
+
+    def replay(x):  # what a graph replay does: the same output memory, written again
+        return shared.copy_(x), 7
+
+    calls = contestant.GraphCalls(replay)
+    first, _ = calls(torch.ones(4))
+    second, value = calls(torch.full((4,), 2.0))
+    assert first.tolist() == [1.0] * 4 and second.tolist() == [2.0] * 4 and value == 7
+    model = torch.nn.Linear(2, 2)
+    assert not isinstance(contestant.compiled(model, "max-autotune"), contestant.GraphCalls)  # on the CPU: as it is
