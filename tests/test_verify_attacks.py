@@ -159,3 +159,10 @@ def test_nothing_outlives_its_evaluation(verdicts):
             except OSError:
                 pass
     assert daemons == []
+
+
+def test_the_reference_run_where_unprofiled_is_seen_on_a_timed_call(verdicts):
+    """The profiler reads the first correctness call and one more drawn among the timed ones: a candidate whose own
+    kernel runs only on the first has replaced nothing on the other."""
+    got, reason = status(verdicts, "reference_when_unprofiled")
+    assert (got, reason.split(":")[:2]) == ("rejected", ["check", "replaced_nothing"]), reason

@@ -223,6 +223,13 @@ class Lazy(torch.Tensor):
         "_calls[0] += 1\nif _calls[0] > 8:\n    return ext.relu_add_bf16(x, y, self.scale)\n"
         "return ext.relu_add(x, y, self.scale)",
     ),
+    # its own kernel on its first call (the profiled correctness call), the reference's own operators on every later
+    # one: a profile of the first call alone sees a kernel that replaced them
+    "reference_when_unprofiled": (
+        "_calls = [0]\n",
+        "_calls[0] += 1\nif _calls[0] > 1:\n    return torch.relu(x + y) * self.scale\n"
+        "return ext.relu_add(x, y, self.scale)",
+    ),
     # returns at once; a background thread writes the output after the reply
     "background_thread": (
         """

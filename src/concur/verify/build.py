@@ -38,8 +38,9 @@ def lighter(sources):
     return light[0] if isinstance(sources, str) else light
 
 
-def one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(str(text).split())
+def one_line(text, limit: int = 300) -> str:
+    """`text` on one line (whitespace runs made one space; None as empty), cut to `limit` characters."""
+    line = " ".join(str(text or "").split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 

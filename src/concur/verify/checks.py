@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from concur.verify import timing
+from concur.verify.build import one_line
 
 KERNELBENCH_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}  # KernelBench, after torchbench
 PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # contracts.PRECISIONS
@@ -551,8 +552,3 @@ def flags(facts: dict, verdict: dict, settings: dict, source: str) -> list[str]:
     if settings["mode"] == "hardened" and facts.get("sandbox") == "none":
         marks.append("sandbox:none")
     return marks
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(str(text or "").split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
