@@ -266,3 +266,21 @@ def test_cuda_graph_baselines_give_every_call_outputs_of_its_own():
     assert first.tolist() == [1.0] * 4 and second.tolist() == [2.0] * 4 and value == 7
     model = torch.nn.Linear(2, 2)
     assert not isinstance(contestant.compiled(model, "max-autotune"), contestant.GraphCalls)  # on the CPU: as it is
+
+
+def test_the_degenerate_probe_takes_the_tasks_precision(tmp_path):
+    """A task whose outputs are all under fp16's tolerance passes its check with zeros in fp16, not in fp32: the
+    probe runs each task in its own precision, and caches the two apart."""
+    from concur.verify import api
+
+    tiny = (
+        "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+        "        return x * 1e-3\n\ndef get_inputs():\n    return [torch.rand(64, 64)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    settings = {"device": "cpu", "workers": 1, "build_cache": str(tmp_path / "cache")}
+    references = {"half": tiny, "single": tiny}
+    found = api.probe_tasks(references, settings, tmp_path / "work", precisions={"half": "fp16"})
+    assert "zeros" in found["half"] and found["single"] == [], found
+    settings = api.normalize_settings(settings)
+    assert api.probe_key(tiny, settings, "fp16") != api.probe_key(tiny, settings)

@@ -96,6 +96,7 @@ def flag_degenerate(frames: list[pd.DataFrame], skip: set[str], settings: dict, 
         {"device": "cpu", "workers": max(1, workers), "timeout_s": settings["validate_timeout_s"]}
     )
     references = {t: c for f in frames for t, c in zip(f["task_id"], f["code"]) if t not in skip}
+    precisions = {t: p for f in frames if "precision" in f.columns for t, p in zip(f["task_id"], f["precision"])}
     progress = Progress(log, "probed", "tasks", len(references), ["degenerate", "not degenerate"])
     with tempfile.TemporaryDirectory(prefix="concur-probe-") as workdir:
         kinds = probe_tasks(
@@ -103,6 +104,7 @@ def flag_degenerate(frames: list[pd.DataFrame], skip: set[str], settings: dict, 
             probe_settings,
             Path(workdir),
             lambda _, k: progress.add("degenerate" if k else "not degenerate"),
+            precisions,
         )
     progress.finish()
     flagged = []

@@ -103,15 +103,21 @@ def verify_one(reference_code: str, solution_code: str, settings: Settings, work
     return {**verdicts[0], "degenerate": bool(kinds), "degenerate_outputs": kinds}
 
 
-def probe_tasks(references: dict[str, str], settings: Settings, workdir: Path, on_done=None) -> dict[str, list[str]]:
+def probe_tasks(
+    references: dict[str, str], settings: Settings, workdir: Path, on_done=None, precisions: dict | None = None
+) -> dict[str, list[str]]:
     """task_id -> the trivial outputs that pass its check (empty: the check is sound), run on the referees; cached
-    per reference and PROBE settings. `on_done(task_id, kinds)` is called as each task's answer comes (progress)."""
+    per reference, precision and PROBE settings. `on_done(task_id, kinds)` is called as each task's answer comes
+    (progress). `precisions`: task_id -> the precision it runs in (fp32 where not given), whose tolerance the check
+    takes."""
     settings = normalize_settings(settings)
+    precisions = precisions or {}
     cache = cache_root_of(settings, workdir) / "probes"
     cache.mkdir(parents=True, exist_ok=True)
     found, payloads = {}, []
     for task_id, code in sorted(references.items()):
-        cached = cache / f"{probe_key(code, settings)}.json"
+        precision = precisions.get(task_id) or "fp32"
+        cached = cache / f"{probe_key(code, settings, precision)}.json"
         if cached.exists():
             found[task_id] = json.loads(cached.read_text())
             if on_done is not None:
@@ -123,7 +129,7 @@ def probe_tasks(references: dict[str, str], settings: Settings, workdir: Path, o
                     "task_id": task_id,
                     "reference": code,
                     "solution": "",
-                    "settings": job_settings(settings),
+                    "settings": {**job_settings(settings), "precision": precision},
                     "key": str(cached),
                 }
             )
@@ -141,10 +147,10 @@ def probe_tasks(references: dict[str, str], settings: Settings, workdir: Path, o
     return found
 
 
-def probe_key(reference: str, settings: dict) -> str:
-    """The probe cache's key: the reference program and the PROBE settings (resolved)."""
+def probe_key(reference: str, settings: dict, precision: str = "fp32") -> str:
+    """The probe cache's key: the reference program, its precision and the PROBE settings (resolved)."""
     values = [settings[key] for key in VerifySettings.keys(PROBE)]
-    return hashlib.sha256(json.dumps([reference, values]).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps([reference, precision, values]).encode()).hexdigest()[:32]
 
 
 def run(candidates_path, tasks_path, settings: Settings, workdir, out_path, builds_path=None) -> None:

@@ -544,7 +544,7 @@ def flags(facts: dict, verdict: dict, settings: dict, source: str) -> list[str]:
     times = facts.get("timing") or {}
     if not timing.resolved(times.get("ref", {}), times.get("new", {})):
         marks.append("timing:unresolved")  # no speedup was made (timing.speedup)
-    if timing.beats_roofline(times.get("new", {}), facts.get("floor_ms")):
+    if timing.beats_roofline(times.get("new", {}), facts.get("floor_ms"), times.get("ref")):
         marks.append("timing:beats_roofline")  # curation leaves it out
     profile = facts.get("profile") or {}
     if profile.get("device") == "cuda" and profile.get("names") == {}:

@@ -186,15 +186,20 @@ def resolved(reference: dict, candidate: dict) -> bool:
     return reference.get("resolved", True) and candidate.get("resolved", True)
 
 
-def beats_roofline(candidate: dict, floor_ms: float | None) -> bool:
+def beats_roofline(candidate: dict, floor_ms: float | None, reference: dict | None = None) -> bool:
     """Quicker per call than ROOFLINE_SHARE of the least any correct candidate takes: its outputs' bytes written
     once, by one launch a call, as the referee's own fills of that many bytes measured it on this device, batched as
     the task's calls are (reference.write_floor_ms). The task's FLOPs and input bytes give no such bound (an
     algebraic rewrite needs fewer FLOPs, a kernel may skip an input that cannot change the result); its outputs it
-    must write. A time under it was not the work of each call (calls merged or overlapped, or a clock gamed)."""
+    must write. A time under it was not the work of each call (calls merged or overlapped, or a clock gamed). Unless
+    the `reference` is as quick: then the task writes no outputs of its own (a view of its input, say), and neither
+    need an honest candidate."""
     if not floor_ms or floor_ms <= 0 or not candidate.get("resolved", True) or "best_ms" not in candidate:
         return False
-    return candidate["best_ms"] < ROOFLINE_SHARE * floor_ms
+    bound = ROOFLINE_SHARE * floor_ms
+    if reference and reference.get("resolved", True) and reference.get("best_ms", bound) < bound:
+        return False
+    return candidate["best_ms"] < bound
 
 
 def speedup(reference: dict, candidate: dict, stat: str = "best_ms") -> float:
