@@ -367,3 +367,38 @@ def test_batches_longer_than_the_spin_are_timed_as_long_as_they_run(tmp_path):
         referee.close()
     for side in ("ref", "new"):
         assert 290.0 < timing[side]["best_ms"] <= timing[side]["median_ms"] < 400.0, timing[side]
+
+
+def _signed_program(body: str, draw: str) -> str:
+    return (
+        "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+        f"        return {body}\n\ndef get_inputs():\n    return [{draw}]\n\ndef get_init_inputs():\n    return []\n"
+    )
+
+
+def test_timed_calls_draw_signed_inputs_where_the_reference_stays_finite(tmp_path):
+    """Timed calls draw signed inputs as the trials mix them, so the sign tells no timed call from a graded one, and
+    every one is checked. Where the reference is not finite on signed inputs (a log of `torch.rand`), no timed call
+    draws them: such a call could not be checked, and a candidate could skip its work."""
+    from concur.verify import api, orchestrate
+
+    mine = sorted(os.sched_getaffinity(0))
+    settings = normalize_settings(
+        {"device": "cpu", "mode": "hardened", "timeout_s": 300, "workers": 1, "correctness_trials": 1,
+         "signed_trials": 1, "warmup": 1, "timing_min_s": 0.05, "build_cache": str(tmp_path / "cache")}
+    )  # fmt: skip
+    referee = orchestrate.RefereeHandle("cpu", None, tmp_path / "cache", 1, 1, True, False, (mine * 4)[:4])
+    found = {}
+    try:
+        for name, body in (("scale", "x * 2"), ("log", "torch.log(x + 0.5)")):
+            program = _signed_program(body, "torch.rand(4096)")
+            job = {"candidate_id": name, "task_id": name, "reference": program,
+                   "solution": program.replace("class Model", "class ModelNew"), "build_dir": None,
+                   "kernels": None, "settings": api.job_settings(settings)}  # fmt: skip
+            found[name] = referee.evaluate(job, 300)
+    finally:
+        referee.close()
+    scale, log = found["scale"]["timed"], found["log"]["timed"]
+    assert scale["calls"] >= 20 and 0 < scale["signed"] < scale["calls"] and scale["unchecked"] == 0, scale
+    assert log["calls"] >= 20 and log["signed"] == 0 and log["unchecked"] == 0 and not log["mismatch"], log
+    assert found["log"]["trials"][-1].get("skipped"), found["log"]["trials"]  # the signed trial: skipped, as ever

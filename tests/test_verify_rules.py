@@ -9,6 +9,7 @@ import socket
 import struct
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -581,7 +582,7 @@ def test_warm_up_ends_after_one_slow_batch(monkeypatch):
         batches = []
         monkeypatch.setattr(measure, "timed_batch", lambda *a, s=batch_s, b=batches, **k: b.append(time.sleep(s)))
         settings = {"warmup": 3, "timing_min_s": 0.1, "mode": "hardened", "correctness_trials": 5, "signed_trials": 1}
-        measure.warm_up(None, None, None, 1, settings, lambda *a: {"ok": True})
+        measure.warm_up(None, types.SimpleNamespace(signed_finite=True), None, 1, settings, lambda *a: {"ok": True})
         assert len(batches) == expected
 
 

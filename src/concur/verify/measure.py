@@ -32,13 +32,29 @@ def samples_per_call(calls: int) -> int:
     return max(SAMPLES_MIN, -(-SAMPLES_PER_BATCH // max(1, calls)))
 
 
-def draw_kinds(calls: int, settings: dict) -> list[str]:
+def draw_kinds(calls: int, settings: dict, task) -> list[str]:
     """How each call of a batch draws its inputs, in secret: in hardened mode as the correctness trials' mix does
     (`signed_trials` signed among `correctness_trials` random, call by call at random), so no call's inputs tell a
-    timed call from a graded one."""
-    signed = int(settings["signed_trials"]) if settings["mode"] == "hardened" else 0
+    timed call from a graded one; all random where the reference's outputs are not finite on signed inputs
+    (signed_ok), since such calls could not be checked."""
+    signed = int(settings["signed_trials"]) if settings["mode"] == "hardened" and task.signed_finite else 0
     total = int(settings["correctness_trials"]) + signed
     return ["signed" if signed and secrets.randbelow(total) < signed else "random" for _ in range(calls)]
+
+
+def signed_ok(referee, task, settings) -> None:
+    """Once per task (hardened, with signed trials): whether the reference's outputs are finite on signed inputs
+    (`task.signed_finite`), from one call of it on a signed draw, before its first timed batch."""
+    if task.signed_finite is not None:
+        return
+    if settings["mode"] != "hardened" or not int(settings["signed_trials"]):
+        task.signed_finite = False
+        return
+    from concur.verify.evaluation import reference_outputs
+
+    seed = secrets.randbits(62)
+    outputs = reference_outputs(referee, task, referee.draw(task, seed, "signed"), seed)
+    task.signed_finite = checks.leaf_peaks(outputs) is not None
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,7 @@ def time_reference(referee, task, settings) -> dict:
     plan = {"calls": calls, "batches": [], "samples": [], "samplers": [], "drawn": [], "own_clock": []}
     plan.update({key: [] for key in ("forward", "stage", "handoff", "prepare")})
     ask = lambda m, s, t=600.0, spin=False: ref_ask(task, m, s, t, spin)  # noqa: E731
+    signed_ok(referee, task, settings)
     with reference_side(), referee.quiet():
         warm_up(referee, task, task.runner, calls, settings, ask)
         while not timing.reference_done(
@@ -84,7 +101,7 @@ def time_reference(referee, task, settings) -> dict:
             calls,
             float(settings["timing_min_s"]),
         ):
-            seeds, kinds = [secrets.randbits(62) for _ in range(calls)], draw_kinds(calls, settings)
+            seeds, kinds = [secrets.randbits(62) for _ in range(calls)], draw_kinds(calls, settings, task)
             sampler = Sampler(referee, task.meta, positions(referee, task.meta, calls), calls)
             batch = timed_batch(referee, task, task.runner, seeds, ask, gather=sampler.read, kinds=kinds)
             if batch["outputs"] is None:  # its outputs changed kind, dtype or shape between calls
@@ -154,7 +171,7 @@ def warm_up(referee, task, runner, calls, settings, ask, deadline: float | None 
         if done and time.perf_counter() - begin >= max(timing.WARMUP_MIN_S, float(settings["timing_min_s"])):
             break
         seeds = [secrets.randbits(62) for _ in range(calls)]
-        timed_batch(referee, task, runner, seeds, ask, deadline, kinds=draw_kinds(calls, settings))
+        timed_batch(referee, task, runner, seeds, ask, deadline, kinds=draw_kinds(calls, settings, task))
         done += 1
 
 
@@ -262,7 +279,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
     ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, limit(deadline, t), spin=spin)  # noqa: E731
     forward, stages, handoffs, prepares, cpu_s, own = [], [], [], [], [], []
     billed: list[float] = []  # forward's batches per call, charged (charged below)
-    timed = {"calls": 0, "mismatch": None, "mutated": [], "unchecked": 0}
+    timed = {"calls": 0, "mismatch": None, "mutated": [], "signed": 0, "unchecked": 0}
     resolve_ms = timing.resolvable_ms(task.jitter_ms)
     reference = reference_summary(task, plan)
     steady = timing.per_call_times([1000.0 * s for s in facts.get("steady_call_s", [])], task.overhead_ms, 1)
@@ -306,6 +323,7 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             handoffs.append(batch["handoff_ms"])
             cpu_s.append(batch["cpu_s"])
             timed["calls"] += calls
+            timed["signed"] += sum(d.kind == "signed" for d in draws)
             for i, (got, kept) in enumerate(zip(sampler.split(batch["gathered"]), samples)):
                 if not draws[i].checked:  # signed inputs on which the reference's outputs are not finite
                     timed["unchecked"] += 1
@@ -395,7 +413,7 @@ def profile_timed(referee, task, candidate, settings, facts, deadline) -> str | 
     profiler as the first correctness call is (`facts["profiled_timed"]`: the names of what it ran), its outputs
     checked whole: a candidate that launches its own kernels only on its first call is seen launching others here.
     Returns the mismatch."""
-    kind, seed = draw_kinds(1, settings)[0], secrets.randbits(62)
+    kind, seed = draw_kinds(1, settings, task)[0], secrets.randbits(62)
     values = referee.draw(task, seed, kind)
     specs = referee.stage(candidate, [values], "profile")[0]
     message = {"op": "call", "calls": [{"args": specs, "seed": seed}], "profile": True}

@@ -58,6 +58,7 @@ class TaskState:
         self.floor_ms: float | None = None  # the least time a call writing its outputs takes here (write_floor_ms)
         self.setup_s: dict[str, float] = {}  # where setting the task up went (benchmarks); emptied once reported
         self.has_double = None
+        self.signed_finite: bool | None = None  # the reference's outputs finite on signed inputs (measure.signed_ok)
         try:
             self.namespace = exec_program(job["reference"], "reference.py", "concur_reference_" + self.key[:12])
             missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if n not in self.namespace]
