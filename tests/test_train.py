@@ -322,6 +322,23 @@ def test_a_second_run_with_more_epochs_resumes_from_the_checkpoint(tokenizer, fr
     assert all(e["padded_tokens"] >= e["input_tokens"] > e["tokens"] for e in log)
 
 
+def test_a_run_killed_after_its_last_checkpoint_trains_no_step_more(tokenizer, fresh_model, tmp_path):
+    """Killed after the checkpoint of its last step (max_steps) and before its adapter was written, a run resumes to
+    that checkpoint's adapter and log: transformers' Trainer alone would train one step past max_steps."""
+    out_dir = tmp_path / "adapter"
+    settings = {**SETTINGS, "batch_size": 1, "max_steps": 3, "save_steps": 1}  # 2 steps an epoch: stops mid-epoch
+    first = train.train_adapter([ADD, RELU], SPEC, settings, out_dir, log_path=tmp_path / "first.log")
+    weights = (out_dir / "adapter_model.safetensors").read_bytes()
+    for name in ("adapter_model.safetensors", "adapter_config.json", "train_summary.json", "train_log.jsonl"):
+        (out_dir / name).unlink()
+    second = train.train_adapter([ADD, RELU], SPEC, settings, out_dir, log_path=tmp_path / "second.log")
+    assert first["steps"] == second["steps"] == 3 and second["final_loss"] == first["final_loss"]
+    assert not [line for line in (tmp_path / "second.log").read_text().splitlines() if line.startswith("step ")]
+    assert (out_dir / "adapter_model.safetensors").read_bytes() == weights
+    assert json.loads((out_dir / "adapter_config.json").read_text())["r"] == 8
+    assert [e["step"] for e in read_log(out_dir)] == [1, 2, 3]
+
+
 def test_no_record_left_is_an_error(tokenizer, tmp_path):
     with pytest.raises(ValueError, match="no SFT record keeps an assistant token within max_length=256"):
         train.train_adapter([LONG], SPEC, SETTINGS, tmp_path)

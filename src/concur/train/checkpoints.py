@@ -67,6 +67,34 @@ def last_checkpoint(checkpoint_dir: Path) -> str | None:
     return str(steps[max(steps)]) if steps else None
 
 
+def finished_at(checkpoint: str | None, max_steps: int | None) -> bool:
+    """Whether `checkpoint` already holds the run's last step (`max_steps` set): resumed, transformers' Trainer would
+    train one step more (it skips the epoch's steps done, then steps before it checks max_steps)."""
+    if not checkpoint or not max_steps or max_steps <= 0:
+        return False
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    return int(state.get("global_step", 0)) >= max_steps
+
+
+CHECKPOINT_ONLY = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"}
+
+
+def adapter_from_checkpoint(checkpoint: str, out_dir: Path) -> None:
+    """The adapter and tokenizer files of a finished run's last checkpoint into `out_dir`, as save_adapter moves
+    them: copied into a staging folder, then each moved in by an atomic rename, adapter_config.json last."""
+    staging = out_dir / ".staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        for path in Path(checkpoint).iterdir():
+            if path.is_file() and path.name not in CHECKPOINT_ONLY and not path.name.startswith("rng_state"):
+                shutil.copy2(path, staging / path.name)
+        for path in sorted(staging.iterdir(), key=lambda p: p.name == "adapter_config.json"):
+            os.replace(path, out_dir / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def save_adapter(trainer, out_dir: Path, main_process: bool) -> None:
     """Save the adapter and tokenizer into a staging folder, then move each file in with an atomic rename.
 

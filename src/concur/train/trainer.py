@@ -27,7 +27,15 @@ from trl import SFTConfig
 from .. import config, io
 from ..figures import write_loss_figure
 from ..models import load_model, load_tokenizer
-from .checkpoints import CHECKPOINTS, merge_adapter, run_fingerprint, save_adapter, usable_checkpoint
+from .checkpoints import (
+    CHECKPOINTS,
+    adapter_from_checkpoint,
+    finished_at,
+    merge_adapter,
+    run_fingerprint,
+    save_adapter,
+    usable_checkpoint,
+)
 from .progress import ConcurSFTTrainer, ProgressCallback, note, step_log
 from .records import IGNORE_INDEX, n_target_tokens, prompt_completion, select_records
 
@@ -92,8 +100,15 @@ def train_adapter(
     with warnings.catch_warnings():
         # peft looks for the base model's config.json to check the vocabulary; a GGUF folder has none
         warnings.filterwarnings("ignore", message="Could not find a config file in")
-        trainer.train(resume_from_checkpoint=resume)
-        save_adapter(trainer, out_dir, main_process)
+        if finished_at(resume, settings["max_steps"]):  # killed after its last checkpoint: nothing left to train
+            from transformers import TrainerState
+
+            trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
+            if main_process:
+                adapter_from_checkpoint(resume, out_dir)
+        else:
+            trainer.train(resume_from_checkpoint=resume)
+            save_adapter(trainer, out_dir, main_process)
     if not main_process:
         return {}
 
