@@ -76,7 +76,7 @@ def finished_at(checkpoint: str | None, max_steps: int | None) -> bool:
     return int(state.get("global_step", 0)) >= max_steps
 
 
-CHECKPOINT_ONLY = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"}
+CHECKPOINT_ONLY = {"optimizer.pt", "scheduler.pt", "trainer_state.json", "training_args.bin"}  # and rng_state*
 
 
 def adapter_from_checkpoint(checkpoint: str, out_dir: Path) -> None:
@@ -85,14 +85,10 @@ def adapter_from_checkpoint(checkpoint: str, out_dir: Path) -> None:
     staging = out_dir / ".staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    try:
-        for path in Path(checkpoint).iterdir():
-            if path.is_file() and path.name not in CHECKPOINT_ONLY and not path.name.startswith("rng_state"):
-                shutil.copy2(path, staging / path.name)
-        for path in sorted(staging.iterdir(), key=lambda p: p.name == "adapter_config.json"):
-            os.replace(path, out_dir / path.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    for path in Path(checkpoint).iterdir():
+        if path.is_file() and path.name not in CHECKPOINT_ONLY and not path.name.startswith("rng_state"):
+            shutil.copy2(path, staging / path.name)
+    move_in(staging, out_dir)
 
 
 def save_adapter(trainer, out_dir: Path, main_process: bool) -> None:
@@ -110,10 +106,15 @@ def save_adapter(trainer, out_dir: Path, main_process: bool) -> None:
     trainer.accelerator.wait_for_everyone()
     if not main_process:
         return
+    (staging / "training_args.bin").unlink(missing_ok=True)  # a pickle of the trainer's arguments: not kept
+    move_in(staging, out_dir)
+
+
+def move_in(staging: Path, out_dir: Path) -> None:
+    """Every file of `staging` into `out_dir` by an atomic rename, adapter_config.json last (a visible config always
+    sits next to complete weights); then `staging` is removed, whatever happened."""
     try:
-        (staging / "training_args.bin").unlink(missing_ok=True)  # a pickle of the trainer's arguments: not kept
-        files = sorted(staging.iterdir(), key=lambda p: p.name == "adapter_config.json")
-        for path in files:
+        for path in sorted(staging.iterdir(), key=lambda p: p.name == "adapter_config.json"):
             if path.is_dir():
                 raise RuntimeError(f"unexpected folder {path.name!r} in the saved adapter")
             os.replace(path, out_dir / path.name)

@@ -123,9 +123,9 @@ class Contestant:
                 model = cls(*init)
                 model = model.to(self.device) if self.cast is None else model.to(device=self.device, dtype=self.cast)
             self._sync()
-            if msg.get("compile"):  # a compiled baseline of the reference (concur.verify.baselines): compiled lazily,
-                model = compiled(model, msg["compile"], self.device.type == "cuda")  # in its first call, which
-                # the referee times as the cost
+            if msg.get("compile"):  # a compiled baseline of the reference (concur.verify.baselines), compiled
+                # lazily, in its first call, which the referee times as the cost
+                model = compiled(model, msg["compile"], self.device.type == "cuda")
         except BaseException as err:
             traceback.print_exc()
             return {**facts, "ok": True, "error": f"{msg['class_name']}(*init): {describe(err)}"}

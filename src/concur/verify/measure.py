@@ -397,10 +397,10 @@ def check_whole(referee, task, settings, facts, where: str, seed: int, values: l
     from concur.verify.evaluation import precision, reference_outputs
 
     ref = reference_outputs(referee, task, values, seed)
-    signed = kind == "signed"
-    if signed and checks.leaf_peaks(ref) is None:
+    peaks = checks.leaf_peaks(ref) if kind == "signed" else None
+    if kind == "signed" and peaks is None:
         return None
-    found = checks.compare(outputs, ref, settings, strict_finite=True, leaf_scale=signed)
+    found = checks.compare(outputs, ref, settings, strict_finite=True, peaks=peaks)
     if not checks.passes(found):
         return f"{where}: {checks.trial_failure(found)}"
     if precision_key:
