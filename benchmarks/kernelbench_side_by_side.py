@@ -140,11 +140,11 @@ def run_ours(cands: list[dict], args: argparse.Namespace) -> None:
     with open(folder / "ours.jsonl", "w") as out:
         for mode in args.modes.split(","):
             stages: dict[str, dict] = {}  # where each candidate's GPU time went
-            api.FACTS_SINK = lambda cid, facts, into=stages: into.__setitem__(cid, facts.get("stage_s"))
+            api.TRACE_SINK = lambda cid, report, into=stages: into.__setitem__(cid, report.trace.get("stage_s"))
             t0 = time.perf_counter()
             verdicts = verify_frame(candidates, tasks, {**settings, "mode": mode}, work / mode, False, builds=builds)
             summary[f"{mode}_wall_s"] = time.perf_counter() - t0
-            api.FACTS_SINK = None
+            api.TRACE_SINK = None
             for v in verdicts.to_dict("records"):
                 keep = ("candidate_id", "task_id", "status", "reason", "speedup", "eval_s", "flags")
                 row = {"mode": mode, **{k: v[k] for k in keep}, "stage_s": stages.get(v["candidate_id"])}

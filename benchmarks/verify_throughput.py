@@ -14,6 +14,7 @@ each carries a unique extension name, so every build is cold, as it is for model
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -133,11 +134,11 @@ def main() -> None:
 
     to_verify, verify_builds = copies(candidates, args.verify_copies), copies(builds, args.verify_copies)
     reports: list[dict] = []
-    api.FACTS_SINK = lambda candidate_id, facts: reports.append(facts)
+    api.TRACE_SINK = lambda candidate_id, report: reports.append({"gpu_s": report.gpu_s, **report.trace})
     start = time.perf_counter()
     verdicts = verify_frame(to_verify, tasks, settings, work / "verify", progress=False, builds=verify_builds)
     verify_wall = time.perf_counter() - start
-    api.FACTS_SINK = None
+    api.TRACE_SINK = None
 
     print(verdicts[["candidate_id", "status", "speedup", "compile_s", "eval_s", "reason"]].to_string(max_colwidth=60))
     spread = {v: repeat_speedups(v, candidates, builds, tasks, settings, work, args.repeats) for v in args.cv_variants}
@@ -222,14 +223,14 @@ def repeat_speedups(variant, candidates, builds, tasks, settings, work, repeats)
     speedups, mean_speedups, median_speedups, forward_speedups, rows = [], [], [], [], []
     own_speedups: dict[str, list[float]] = {"events_ms": [], "wall_ms": []}
     for r in range(repeats):
-        facts: list[dict] = []
-        api.FACTS_SINK = lambda candidate_id, f, into=facts: into.append(f)
+        traced: list[dict] = []
+        api.TRACE_SINK = lambda candidate_id, report, into=traced: into.append(timing_view(report))
         row = verify_frame(one, tasks, settings, work / f"repeat-{variant}-{r}", progress=False, builds=builds).iloc[0]
-        api.FACTS_SINK = None
+        api.TRACE_SINK = None
         speedups.append(float(row["speedup"]))  # hardened: of the quickest batches; kernelbench: of means
         mean_speedups.append(float(row["ref_ms"] / row["new_ms"]))
         median_speedups.append(float(row["ref_median_ms"] / row["new_median_ms"]))
-        timed = facts[0].get("timing", {}) if facts else {}
+        timed = traced[0] if traced else {}
         if timed.get("per_call_ms"):
             forward_speedups.append(forward_only(timed))
         for clock, found in own_speedups.items():
@@ -265,6 +266,12 @@ def repeat_speedups(variant, candidates, builds, tasks, settings, work, repeats)
         },
         "referee_speedup_mean": statistics.fmean(forward_speedups) if forward_speedups else float("nan"),
     }
+
+
+def timing_view(report) -> dict:
+    """A traced report's timing as one dict: the summary's fields and the referee's clock readings beside them."""
+    found = dataclasses.asdict(report.timing) if report.timing is not None else {}
+    return {**found, **{k: v for k, v in report.trace.items() if k in ("per_call_ms", "batch_ms")}}
 
 
 def forward_only(timed: dict) -> float:

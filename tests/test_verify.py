@@ -283,10 +283,11 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
     referee = orchestrate.RefereeHandle("cpu", None, tmp_path / "cache", 1, 1, True, False, (mine * 4)[:4])
     found = {}
 
-    def handed_late(timing: dict, honest_ms: float) -> list[float]:
+    def handed_late(report, honest_ms: float) -> list[float]:
         """Per call, what the hand-off took beyond the reference's median, in each batch whose forward the early
         ring cut short (its quickest batch, the verdict, is checked for all batches at once below)."""
-        forward, batch, calls = timing["per_call_ms"]["new"], timing["batch_ms"], timing["calls_per_batch"]
+        forward, batch = report.trace["per_call_ms"]["new"], report.trace["batch_ms"]
+        calls = report.timing.calls_per_batch
         handed = statistics.median(batch["ref"]["handoff"])
         return [(h - handed) / calls for f, h in zip(forward, batch["new"]["handoff"]) if f < 0.5 * honest_ms]
 
@@ -294,8 +295,8 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
         """The work, done honestly: the quickest batch of the honest candidate and of the reference (the same model,
         timed in both jobs), so one measurement slowed throughout by a shared core does not stand for it."""
         return min(
-            t[side]["best_ms"]
-            for name, t in found.items()
+            getattr(r.timing, side).best_ms
+            for name, r in found.items()
             for side in ("ref", "new")
             if (name, side) != ("early", "new")
         )
@@ -303,27 +304,28 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
     def shown() -> bool:
         early, honest_ms = found["early"], work_ms()
         late = handed_late(early, honest_ms)
-        counted = early["deferred"] and late and statistics.median(late) > 0.5 * honest_ms
-        return counted and early["new"]["best_ms"] > 0.7 * honest_ms
+        counted = early.timing.deferred and late and statistics.median(late) > 0.5 * honest_ms
+        return counted and early.timing.new.best_ms > 0.7 * honest_ms
 
     try:
         for _attempt in range(2):
             for name, code in (("honest", honest), ("early", EARLY_RINGER)):
                 job = {"candidate_id": name, "task_id": "heavy", "reference": heavy, "solution": code,
-                       "build_dir": None, "kernels": None, "settings": api.job_settings(settings)}  # fmt: skip
-                found[name] = referee.evaluate(job, 300)["timing"]
+                       "build_dir": None, "kernels": None, "settings": api.job_settings(settings),
+                       "trace": True}  # fmt: skip
+                found[name] = referee.evaluate(job, 300)
             if shown():
                 break
     finally:
         referee.close()
-    for timing in found.values():
+    for report in found.values():
         for side in ("ref", "new"):
-            assert all(all(b["rung"].values()) for b in timing["batch_ms"]["own_clock"][side])
+            assert all(all(b["rung"].values()) for b in report.trace["batch_ms"]["own_clock"][side])
     early, honest_ms = found["early"], work_ms()
     late = handed_late(early, honest_ms)
-    assert early["deferred"] and late, "the early ring never cut a forward short"
+    assert early.timing.deferred and late, "the early ring never cut a forward short"
     assert statistics.median(late) > 0.5 * honest_ms, late  # the work it cut out landed in the hand-off
-    assert early["new"]["best_ms"] > 0.7 * honest_ms
+    assert early.timing.new.best_ms > 0.7 * honest_ms
 
 
 SLEEPY = """
@@ -362,11 +364,11 @@ def test_batches_longer_than_the_spin_are_timed_as_long_as_they_run(tmp_path):
         job = {"candidate_id": "sleepy", "task_id": "sleepy", "reference": SLEEPY,
                "solution": SLEEPY.replace("class Model", "class ModelNew"), "build_dir": None, "kernels": None,
                "settings": api.job_settings(settings)}  # fmt: skip
-        timing = referee.evaluate(job, 300)["timing"]
+        timing = referee.evaluate(job, 300).timing
     finally:
         referee.close()
-    for side in ("ref", "new"):
-        assert 290.0 < timing[side]["best_ms"] <= timing[side]["median_ms"] < 400.0, timing[side]
+    for times in (timing.ref, timing.new):
+        assert 290.0 < times.best_ms <= times.median_ms < 400.0, times
 
 
 def _signed_program(body: str, draw: str) -> str:
@@ -398,7 +400,7 @@ def test_timed_calls_draw_signed_inputs_where_the_reference_stays_finite(tmp_pat
             found[name] = referee.evaluate(job, 300)
     finally:
         referee.close()
-    scale, log = found["scale"]["timed"], found["log"]["timed"]
-    assert scale["calls"] >= 20 and 0 < scale["signed"] < scale["calls"] and scale["unchecked"] == 0, scale
-    assert log["calls"] >= 20 and log["signed"] == 0 and log["unchecked"] == 0 and not log["mismatch"], log
-    assert found["log"]["trials"][-1].get("skipped"), found["log"]["trials"]  # the signed trial: skipped, as ever
+    scale, log = found["scale"].timed, found["log"].timed
+    assert scale.calls >= 20 and 0 < scale.signed < scale.calls and scale.unchecked == 0, scale
+    assert log.calls >= 20 and log.signed == 0 and log.unchecked == 0 and not log.mismatch, log
+    assert found["log"].trials[-1].skipped, found["log"].trials  # the signed trial: skipped, as ever

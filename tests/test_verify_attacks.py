@@ -140,7 +140,7 @@ def test_the_sandbox_holds(verdicts, name):
 
 
 def test_the_verifiers_code_is_unchanged(verdicts):
-    planted = Path(__import__("concur.verify.checks").verify.checks.__file__).with_name("planted.py")
+    planted = Path(__import__("concur.verify.verdict").verify.verdict.__file__).with_name("planted.py")
     assert not planted.exists()
 
 

@@ -14,9 +14,10 @@ from verify_frames import candidates_frame, tasks_frame
 
 from concur import contracts
 from concur.curate import curate
-from concur.verify import baselines, checks, verify_frame
-from concur.verify.api import decide, task_precisions
-from concur.verify.orchestrate import Job, blank_verdict
+from concur.verify import comparisons, verify_frame
+from concur.verify.api import task_precisions
+from concur.verify.report import Baseline, Report, Times
+from concur.verify.verdict import baseline_speedups, blank, decide, precision_flag
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "verify"
@@ -36,48 +37,48 @@ def test_speedup_columns_name_their_baseline():
 
 
 def test_tolerance_follows_the_tasks_precision_as_kernelbench():
-    assert checks.tolerance("torch.float32", {}) == (1e-4, 1e-4)
-    assert checks.tolerance("torch.float16", {}) == (1e-2, 1e-2)
-    assert checks.tolerance("torch.float32", {"precision": "fp32"}) == (1e-4, 1e-4)
-    assert checks.tolerance("torch.float16", {"precision": "fp16"}) == (1e-2, 1e-2)
-    assert checks.tolerance("torch.float32", {"precision": "bf16"}) == (1e-2, 1e-2)  # by precision, not dtype
-    assert checks.tolerance("torch.int64", {"precision": "bf16"}) == (0.0, 0.0)  # integers stay exact
-    assert checks.tolerance("torch.bfloat16", {"precision": "bf16", "atol": 0.5, "rtol": None}) == (0.5, 1e-2)
+    assert comparisons.tolerance("torch.float32", {}) == (1e-4, 1e-4)
+    assert comparisons.tolerance("torch.float16", {}) == (1e-2, 1e-2)
+    assert comparisons.tolerance("torch.float32", {"precision": "fp32"}) == (1e-4, 1e-4)
+    assert comparisons.tolerance("torch.float16", {"precision": "fp16"}) == (1e-2, 1e-2)
+    assert comparisons.tolerance("torch.float32", {"precision": "bf16"}) == (1e-2, 1e-2)  # by precision, not dtype
+    assert comparisons.tolerance("torch.int64", {"precision": "bf16"}) == (0.0, 0.0)  # integers stay exact
+    assert comparisons.tolerance("torch.bfloat16", {"precision": "bf16", "atol": 0.5, "rtol": None}) == (0.5, 1e-2)
 
 
 def test_reduced_precision_is_judged_against_the_tasks_own():
-    reduced = {"precision": {"e_ref": 1e-3, "e_new": 1.0}}
+    reduced = Report.from_data({"precision": {"e_ref": 1e-3, "e_new": 1.0}})
     half_source = "__half x; float16"
-    assert checks.precision_flag(reduced, half_source) == "precision:fp16"
-    assert checks.precision_flag(reduced, half_source, "fp16") == "precision:reduced"  # below the task's own
-    close = {"precision": {"e_ref": 1e-3, "e_new": 2e-3}}  # an fp16 task's reference errs as much
-    assert checks.precision_flag(close, half_source, "fp16") is None
+    assert precision_flag(reduced, half_source) == "precision:fp16"
+    assert precision_flag(reduced, half_source, "fp16") == "precision:reduced"  # below the task's own
+    close = Report.from_data({"precision": {"e_ref": 1e-3, "e_new": 2e-3}})  # an fp16 task's reference errs as much
+    assert precision_flag(close, half_source, "fp16") is None
 
 
 def test_a_verdict_carries_a_speedup_per_baseline():
     settings = {"mode": "kernelbench", "baselines": ["eager", "compile", "compile-max-autotune"], "audit_speedup": 10.0,
                 "device": "cpu"}  # fmt: skip
     summary = lambda ms: {"mean_ms": ms, "median_ms": ms, "best_ms": ms, "resolved": True}  # noqa: E731
-    facts = {
-        "trials": [
-            {"number": 1, "ok_shape": True, "ok_dtype": True, "ok_finite": True, "allclose": True, "max_abs_err": 0.0}
-        ],  # fmt: skip
-        "load": {"ok": True, "has_class": True},
-        "timing": {"ref": summary(4.0), "new": summary(2.0)},
-        "baselines": {
-            "compile": {"ref": summary(3.0), "compile_s": 12.0, "error": None},
-            "compile-max-autotune": {"ref": None, "compile_s": None, "error": "compiled outputs differ"},
-        },
-    }
-    job = Job(0, "c", "t", REFERENCE, "", {"compile_s": 0.0})
-    verdict = decide(facts, job, settings, "cpu")
+    found = Report.from_data(
+        {
+            "trials": [{"number": 1, "kind": "random", "comparison": {"ok_shape": True, "ok_dtype": True,
+                        "ok_finite": True, "allclose": True, "max_abs_err": 0.0}}],
+            "load": {"ok": True, "has_class": True},
+            "timing": {"ref": summary(4.0), "new": summary(2.0)},
+            "baselines": {
+                "compile": {"ref": summary(3.0), "compile_s": 12.0},
+                "compile-max-autotune": {"ref": None, "error": "compiled outputs differ"},
+            },
+        }
+    )  # fmt: skip
+    verdict = decide(found, settings, "", 0.0, "cpu")
     assert verdict["status"] == "correct", verdict["reason"]
     assert verdict["speedup"] == 2.0 and verdict["speedup_compile"] == 1.5
     assert math.isnan(verdict["speedup_compile_max_autotune"])
-    assert baselines.speedups(facts["baselines"], summary(2.0), "best_ms")["compile"] == 1.5
-    unresolved = {**summary(3.0), "resolved": False}
-    assert math.isnan(baselines.speedups({"compile": {"ref": unresolved}}, summary(2.0), "best_ms")["compile"])
-    failed = blank_verdict("incorrect", "", settings, "cpu")
+    assert baseline_speedups(found.baselines, Times(**summary(2.0)), "best_ms")["compile"] == 1.5
+    unresolved = Baseline(Times(**{**summary(3.0), "resolved": False}))
+    assert math.isnan(baseline_speedups({"compile": unresolved}, Times(**summary(2.0)), "best_ms")["compile"])
+    failed = blank("incorrect", "", settings, "cpu")
     assert failed["speedup_compile"] == 0.0 and failed["speedup_compile_max_autotune"] == 0.0
     assert "speedup_compile_reduce_overhead" not in failed  # not timed: NaN in the table
 

@@ -76,7 +76,7 @@ def verdicts(cache, tmp_path_factory):
     builds = compile_frame(candidates, {**settings, "mode": "kernelbench"}, tmp_path_factory.mktemp("c"), False)
     out = {"builds": builds.set_index("candidate_id"), "facts": {}}
     for mode, chosen in (("kernelbench", candidates["candidate_id"].isin(BOTH)), ("hardened", slice(None))):
-        api.FACTS_SINK = lambda cid, facts, mode=mode: out["facts"].__setitem__((mode, cid), facts)
+        api.TRACE_SINK = lambda cid, report, mode=mode: out["facts"].__setitem__((mode, cid), report)
         try:
             table = verify_frame(
                 candidates[chosen],
@@ -87,7 +87,7 @@ def verdicts(cache, tmp_path_factory):
                 builds=builds,
             )
         finally:
-            api.FACTS_SINK = None
+            api.TRACE_SINK = None
         out[mode] = table.set_index("candidate_id")
     loose = candidates[candidates["candidate_id"].isin(["fp16_gemm", "tf32_flag"])]
     out["loose"] = verify_frame(
@@ -141,8 +141,8 @@ def test_wrong_and_faulty_candidates(verdicts):
     hang = verdicts["hardened"].loc["hang"]
     assert hang.status == "timeout" and hang.eval_s < 60  # a hang costs its call's deadline, not timeout_s
     # its forward returned at once: the first call's extra time for set-up was not spent waiting on the kernel
-    failure = verdicts["facts"][("hardened", "hang")]["failure"]
-    assert failure["kind"] == "timeout" and failure["seconds"] < CALL_FLOOR_S + FIRST_CALL_EXTRA_S / 2, failure
+    failure = verdicts["facts"][("hardened", "hang")].failure
+    assert failure.kind == "timeout" and failure.seconds < CALL_FLOOR_S + FIRST_CALL_EXTRA_S / 2, failure
 
 
 def test_clearly_slower_kernels_are_timed_by_their_correctness_calls(verdicts):
@@ -152,12 +152,12 @@ def test_clearly_slower_kernels_are_timed_by_their_correctness_calls(verdicts):
     hardened, facts = verdicts["hardened"], verdicts["facts"]
     crawl = facts[("hardened", "crawl")]
     assert hardened.loc["crawl", "status"] == "correct", hardened.loc["crawl", "reason"]
-    assert crawl["timing"].get("settled_by") == "correctness calls", crawl["timing"]
+    assert crawl.timing.settled_by == "correctness calls", crawl.timing
     assert hardened.loc["crawl", "new_median_ms"] >= 100.0 and hardened.loc["crawl", "speedup"] < 0.1
     for cid in ("slow", "fast"):
-        assert "settled_by" not in facts[("hardened", cid)]["timing"] and facts[("hardened", cid)]["timed"]["calls"]
+        assert not facts[("hardened", cid)].timing.settled_by and facts[("hardened", cid)].timed.calls
     assert hardened.loc["slow", "speedup"] > hardened.loc["crawl", "speedup"]
-    assert facts[("hardened", "fast")]["profile"]["launched_own"]  # profiled on its first correctness call
+    assert facts[("hardened", "fast")].profile.launched_own  # profiled on its first correctness call
 
 
 def test_hardened_rejects_kernels_that_do_not_do_the_work(verdicts):

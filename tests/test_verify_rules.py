@@ -14,29 +14,40 @@ import types
 import pytest
 import torch
 
-from concur.verify import checks, doorbell, exchange, procs, sandbox, timing
+from concur.verify import comparisons, doorbell, exchange, procs, sandbox, timing, verdict
 from concur.verify.evaluation import trial_plan
+from concur.verify.report import Report, Times
 
 PASS = {"ok_shape": True, "ok_dtype": True, "ok_finite": True, "allclose": True, "max_abs_err": 0.001}
 TIMING = {"ref": {"mean_ms": 3.0, "median_ms": 2.5}, "new": {"mean_ms": 1.5, "median_ms": 1.0}}
 LOADED = {"ok": True, "has_class": True, "error": None}
 
 
-def facts(**extra) -> dict:
+COMPARED = ("ok_shape", "ok_dtype", "ok_finite", "allclose", "max_abs_err", "detail")
+
+
+def trial(found: dict) -> dict:
+    """A trial as plain report data: its comparison's keys under `comparison`."""
+    compared = {k: v for k, v in found.items() if k in COMPARED}
+    return {**{k: v for k, v in found.items() if k not in COMPARED}, "comparison": compared or None}
+
+
+def facts(**extra) -> Report:
     base = {"device": "cpu", "load": LOADED, "trials": [{"number": 1, "kind": "random", **PASS}], "timing": TIMING}
-    return {**base, **extra}
+    data = {**base, **extra}
+    return Report.from_data({**data, "trials": [trial(t) for t in data["trials"]]})
 
 
 # ---------------------------------------------------------------- the check table
 
 
 def test_an_honest_run_is_correct_in_both_modes():
-    assert checks.judge(facts(), "hardened") == ("correct", "")
-    assert checks.judge(facts(), "kernelbench") == ("correct", "")
+    assert verdict.judge(facts(), "hardened") == ("correct", "")
+    assert verdict.judge(facts(), "kernelbench") == ("correct", "")
 
 
 @pytest.mark.parametrize(
-    "extra, verdict",
+    "extra, expected",
     [
         ({"failure": {"kind": "timeout", "stage": "correctness", "seconds": 15.0, "detail": ""}},
          ("timeout", "timeout after 15 s during correctness")),
@@ -59,44 +70,43 @@ def test_an_honest_run_is_correct_in_both_modes():
          ("rejected", "check:kernel_not_called: forward never called into the compiled extension")),
     ],
 )  # fmt: skip
-def test_the_first_failing_check_decides(extra, verdict):
-    assert checks.judge(facts(**extra), "hardened") == verdict
+def test_the_first_failing_check_decides(extra, expected):
+    assert verdict.judge(facts(**extra), "hardened") == expected
 
 
 def test_hardened_checks_do_not_apply_in_kernelbench_mode():
     mutated = facts(trials=[{"number": 1, "kind": "random", **PASS, "mutated": [0]}])
-    assert checks.judge(mutated, "hardened") == ("rejected", "check:input_mutation: ModelNew changed input(s) [0]")
-    assert checks.judge(mutated, "kernelbench") == ("correct", "")
+    assert verdict.judge(mutated, "hardened") == ("rejected", "check:input_mutation: ModelNew changed input(s) [0]")
+    assert verdict.judge(mutated, "kernelbench") == ("correct", "")
 
 
 def test_kernel_identity_rules():
     own = {"device": "cuda", "names": {"mine": 1, "gemm": 1}, "own": ["mine"], "launched_own": ["mine"],
            "reference": {"gemm": 1, "relu": 1}}  # fmt: skip
-    assert checks.judge(facts(profile=own), "hardened") == ("correct", "")  # the GEMM kept, relu replaced
+    assert verdict.judge(facts(profile=own), "hardened") == ("correct", "")  # the GEMM kept, relu replaced
     ghost = {**own, "names": {"mine": 1, "gemm": 1, "relu": 1}}
-    assert checks.judge(facts(profile=ghost), "hardened")[1].startswith("check:replaced_nothing")
+    assert verdict.judge(facts(profile=ghost), "hardened")[1].startswith("check:replaced_nothing")
     none = {**own, "launched_own": []}
-    assert checks.judge(facts(profile=none), "hardened")[1].startswith("check:profiler_no_own_kernel")
+    assert verdict.judge(facts(profile=none), "hardened")[1].startswith("check:profiler_no_own_kernel")
     # on the CPU only computing operators count: allocating and viewing like the reference is fine
     cpu = {"device": "cpu", "names": {"aten::empty_like": 2, "aten::view": 1}, "own": None, "launched_own": [],
            "reference": {"aten::add": 1, "aten::relu": 1, "aten::empty_like": 1}}  # fmt: skip
-    assert checks.judge(facts(profile=cpu), "hardened") == ("correct", "")
+    assert verdict.judge(facts(profile=cpu), "hardened") == ("correct", "")
 
 
 def test_threads_are_checked_on_the_cpu():
     busy = facts(timing={**TIMING, "cores": 3.2, "cores_allowed": 1})
-    assert checks.judge(busy, "hardened") == ("rejected", "check:threads: used 3.2 cores while timed, 1 allowed")
+    assert verdict.judge(busy, "hardened") == ("rejected", "check:threads: used 3.2 cores while timed, 1 allowed")
 
 
 def test_flags_name_what_a_person_should_look_at():
     settings = {"audit_speedup": 10.0, "mode": "hardened"}
-    verdict = {"speedup": 12.0}
-    marks = checks.flags(
+    marks = verdict.flags(
         facts(precision={"e_ref": 1e-7, "e_new": 3e-3}, timing={**TIMING, "deferred": True}, sandbox="none"),
-        verdict, settings, "at::BFloat16 b = x.to(torch::kBFloat16);",
+        12.0, settings, "at::BFloat16 b = x.to(torch::kBFloat16);",
     )  # fmt: skip
     assert marks == ["audit:speedup>10", "precision:bf16", "timing:deferred_work", "sandbox:none"]
-    honest = checks.flags(facts(precision={"e_ref": 1e-7, "e_new": 2e-7}), {"speedup": 2.0}, settings, "float")
+    honest = verdict.flags(facts(precision={"e_ref": 1e-7, "e_new": 2e-7}), 2.0, settings, "float")
     assert honest == []
 
 
@@ -104,18 +114,18 @@ def test_flags_name_what_a_person_should_look_at():
 
 
 def test_tolerance_follows_kernelbench_unless_set():
-    assert checks.tolerance("torch.float32", {}) == (1e-4, 1e-4)
-    assert checks.tolerance("torch.bfloat16", {"atol": None}) == (1e-2, 1e-2)
-    assert checks.tolerance("torch.int64", {}) == (0.0, 0.0)
-    assert checks.tolerance("torch.float32", {"atol": 1e-2, "rtol": 1e-3}) == (1e-2, 1e-3)
+    assert comparisons.tolerance("torch.float32", {}) == (1e-4, 1e-4)
+    assert comparisons.tolerance("torch.bfloat16", {"atol": None}) == (1e-2, 1e-2)
+    assert comparisons.tolerance("torch.int64", {}) == (0.0, 0.0)
+    assert comparisons.tolerance("torch.float32", {"atol": 1e-2, "rtol": 1e-3}) == (1e-2, 1e-3)
 
 
 def test_nan_never_passes_and_inf_fails_only_in_hardened():
     ref = [torch.tensor([1.0, float("inf"), float("nan")])]
-    assert not checks.compare([ref[0].clone()], ref, {}, strict_finite=False)["allclose"]  # NaN != NaN
+    assert not comparisons.compare([ref[0].clone()], ref, {}, strict_finite=False).allclose  # NaN != NaN
     ref_inf = [torch.tensor([1.0, float("inf")])]
-    assert checks.compare([ref_inf[0].clone()], ref_inf, {}, strict_finite=False)["allclose"]
-    assert not checks.compare([ref_inf[0].clone()], ref_inf, {}, strict_finite=True)["ok_finite"]
+    assert comparisons.compare([ref_inf[0].clone()], ref_inf, {}, strict_finite=False).allclose
+    assert not comparisons.compare([ref_inf[0].clone()], ref_inf, {}, strict_finite=True).ok_finite
 
 
 def test_signed_trials_measure_rounding_against_the_outputs_scale():
@@ -128,33 +138,33 @@ def test_signed_trials_measure_rounding_against_the_outputs_scale():
     sequential = torch.zeros(64, 64)
     for start in range(0, 262144, 64):  # float32 partial sums in another order
         sequential += a[:, start : start + 64] @ b[start : start + 64]
-    assert not checks.compare([sequential], ref, {}, strict_finite=True)["allclose"]
-    assert checks.compare([sequential], ref, {}, strict_finite=True, leaf_scale=True)["allclose"]
+    assert not comparisons.compare([sequential], ref, {}, strict_finite=True).allclose
+    assert comparisons.compare([sequential], ref, {}, strict_finite=True, leaf_scale=True).allclose
     positive_only = (a.clamp(min=0) @ b.clamp(min=0)) + (a.clamp(max=0) @ b.clamp(max=0))
-    assert not checks.compare([positive_only], ref, {}, strict_finite=True, leaf_scale=True)["allclose"]
+    assert not comparisons.compare([positive_only], ref, {}, strict_finite=True, leaf_scale=True).allclose
     off_by_one_element = ref[0].clone()
     off_by_one_element[3, 5] += 0.05 * ref[0].abs().max()
-    assert not checks.compare([off_by_one_element], ref, {}, strict_finite=True, leaf_scale=True)["allclose"]
+    assert not comparisons.compare([off_by_one_element], ref, {}, strict_finite=True, leaf_scale=True).allclose
 
 
 def test_comparisons_run_chunk_by_chunk(monkeypatch):
-    monkeypatch.setattr(checks, "CHUNK", 7)
+    monkeypatch.setattr(comparisons, "CHUNK", 7)
     a = torch.randn(100)
     b = a.clone()
     b[93] += 1.0
-    result = checks.compare([b], [a], {}, strict_finite=True)
-    assert not result["allclose"] and result["max_abs_err"] == pytest.approx(1.0)
+    result = comparisons.compare([b], [a], {}, strict_finite=True)
+    assert not result.allclose and result.max_abs_err == pytest.approx(1.0)
 
 
 def test_degenerate_guesses():
     x = torch.rand(64, 64)
-    assert checks.degenerate_kinds([torch.relu(x)], [x], None, {}) == {"identity"}
-    assert checks.degenerate_kinds([torch.zeros(10)], [torch.randn(10)], None, {}) == {"zeros", "constant"}
+    assert comparisons.degenerate_kinds([torch.relu(x)], [x], None, {}) == {"identity"}
+    assert comparisons.degenerate_kinds([torch.zeros(10)], [torch.randn(10)], None, {}) == {"zeros", "constant"}
     constant = torch.full((10,), 3.0)
-    assert checks.degenerate_kinds([constant], [x], [constant.clone()], {}) == {"constant", "other_inputs"}
+    assert comparisons.degenerate_kinds([constant], [x], [constant.clone()], {}) == {"constant", "other_inputs"}
     found = [{"identity", "zeros"}, {"identity", "other_inputs"}, {"identity"}]
-    assert checks.degenerate_everywhere(found) == ["identity"]  # other_inputs failed on the third trial
-    assert checks.degenerate_everywhere([{"zeros"}]) == ["zeros"]  # other_inputs needs a second trial
+    assert comparisons.degenerate_everywhere(found) == ["identity"]  # other_inputs failed on the third trial
+    assert comparisons.degenerate_everywhere([{"zeros"}]) == ["zeros"]  # other_inputs needs a second trial
 
 
 def test_trial_plan_matches_kernelbench_seeds():
@@ -204,27 +214,27 @@ def test_a_time_the_clock_cannot_resolve_is_never_a_speedup():
     resolve = timing.resolvable_ms(0.05)  # 0.2 ms: 4 jitters of 0.05 ms
     # the reference: batches of 64 calls of 0.01 ms, 0.64 ms net each: resolved
     reference = timing.summary([0.01] * 10, calls=64, resolve_ms=resolve)
-    assert reference["resolved"]
+    assert reference.resolved
     # nothing left after the round trip: read as zero or below, not floored to a tiny positive time
     zero = timing.summary(timing.per_call_times([0.50, 0.49, 0.51], overhead_ms=0.5, calls=64), calls=64)
-    assert not zero["resolved"] and zero["best_ms"] <= 0
+    assert not zero.resolved and zero.best_ms <= 0
     assert math.isnan(timing.speedup(reference, zero))
     # a candidate 1,000x quicker on the same batches: 0.64 us a batch, under the clock's resolution
     quick = timing.summary([1e-5] * 10, calls=64, resolve_ms=resolve)
-    assert not quick["resolved"] and math.isnan(timing.speedup(reference, quick))
+    assert not quick.resolved and math.isnan(timing.speedup(reference, quick))
     # an honest 4x kernel on the same batches: 0.16 ms a batch... under 0.2 ms: unresolved too, unless batches grow
-    assert not timing.summary([0.0025] * 10, calls=64, resolve_ms=resolve)["resolved"]
+    assert not timing.summary([0.0025] * 10, calls=64, resolve_ms=resolve).resolved
     honest = timing.summary([0.0025] * 10, calls=256, resolve_ms=resolve)  # the batch sized for the reference
-    assert honest["resolved"] and timing.speedup(reference, honest) == pytest.approx(4.0)
+    assert honest.resolved and timing.speedup(reference, honest) == pytest.approx(4.0)
 
 
 def test_an_unresolved_time_is_flagged_on_the_verdict():
-    facts = {"timing": {"ref": {"resolved": True}, "new": {"resolved": False}}}
+    found = Report.from_data({"timing": {"ref": {"resolved": True}, "new": {"resolved": False}}})
     settings = {"audit_speedup": 10.0, "mode": "hardened"}
-    marks = checks.flags(facts, {"speedup": math.nan}, settings, "")
+    marks = verdict.flags(found, math.nan, settings, "")
     assert "timing:unresolved" in marks and not any(m.startswith("audit:") for m in marks)
-    facts["timing"]["new"]["resolved"] = True
-    assert "timing:unresolved" not in checks.flags(facts, {"speedup": 2.0}, settings, "")
+    found.timing.new.resolved = True
+    assert "timing:unresolved" not in verdict.flags(found, 2.0, settings, "")
 
 
 def test_a_time_quicker_than_writing_the_outputs_is_flagged():
@@ -234,15 +244,15 @@ def test_a_time_quicker_than_writing_the_outputs_is_flagged():
     floor = 0.010  # ms a call: one launch writing the task's outputs
     settings = {"audit_speedup": 10.0, "mode": "hardened"}
     for best, flagged in ((0.012, False), (0.0051, False), (0.001, True)):
-        facts = {"timing": {"ref": {"resolved": True}, "new": {"resolved": True, "best_ms": best}}, "floor_ms": floor}
-        assert ("timing:beats_roofline" in checks.flags(facts, {"speedup": 2.0}, settings, "")) is flagged, best
+        found = {"timing": {"ref": {"resolved": True}, "new": {"resolved": True, "best_ms": best}}, "floor_ms": floor}
+        assert ("timing:beats_roofline" in verdict.flags(Report.from_data(found), 2.0, settings, "")) is flagged, best
     # no floor (outputs without tensor bytes, or a verdict from before it was measured), or a time already unresolved
-    assert not timing.beats_roofline({"resolved": True, "best_ms": 1e-6}, None)
-    assert not timing.beats_roofline({"resolved": False, "best_ms": 1e-6}, floor)
+    assert not timing.beats_roofline(Times(resolved=True, best_ms=1e-6), None)
+    assert not timing.beats_roofline(Times(resolved=False, best_ms=1e-6), floor)
     # honest: a task whose reference writes nothing of its own (it returns a view of its input) takes no floor
-    view = {"resolved": True, "best_ms": 0.0004}
-    assert not timing.beats_roofline({"resolved": True, "best_ms": 0.0003}, floor, view)
-    assert timing.beats_roofline({"resolved": True, "best_ms": 0.0003}, floor, {"resolved": True, "best_ms": 0.02})
+    view = Times(resolved=True, best_ms=0.0004)
+    assert not timing.beats_roofline(Times(resolved=True, best_ms=0.0003), floor, view)
+    assert timing.beats_roofline(Times(resolved=True, best_ms=0.0003), floor, Times(resolved=True, best_ms=0.02))
 
 
 def test_the_references_hotspots_name_where_its_time_goes():
@@ -271,13 +281,13 @@ def test_work_deferred_to_the_hand_off_is_counted():
     reference = [0.10] * 10
     per_call = timing.per_call_times([1.0] * 10, overhead_ms=0.2, calls=4)
     honest = timing.summary(per_call, timing.charged(per_call, [[0.10] * 10], [reference], 4))
-    assert honest["best_ms"] == pytest.approx(0.2)
+    assert honest.best_ms == pytest.approx(0.2)
     # replied early (forward 0.3 ms) and finished the work in the hand-off (1.0 ms): the excess is its time
     early = timing.per_call_times([0.3] * 10, overhead_ms=0.2, calls=4)
     cheat = timing.summary(early, timing.charged(early, [[1.0] * 10], [reference], 4))
     allowed = (1 + timing.COPY_SLACK) * 0.10  # the hand-off's own drift between two stretches
-    assert cheat["best_ms"] == pytest.approx((0.3 - 0.2 + 1.0 - allowed) / 4)
-    assert cheat["copy_excess_ms"] == pytest.approx((1.0 - allowed) / 4)
+    assert cheat.best_ms == pytest.approx((0.3 - 0.2 + 1.0 - allowed) / 4)
+    assert cheat.copy_excess_ms == pytest.approx((1.0 - allowed) / 4)
     assert timing.deferred([1.0] * 10, reference, [0.3] * 10)
     assert not timing.deferred([0.101] * 10, reference, [1.0] * 10)
 
@@ -344,7 +354,7 @@ def test_deferring_in_some_batches_only_gains_nothing(share):
     rng.shuffle(moved)
     per_call = timing.per_call_times([honest_forward - m for m in moved], 0.2, 4)
     got = timing.summary(per_call, timing.charged(per_call, [[handoff + m for m in moved]], [[handoff] * n], 4))
-    assert got["best_ms"] >= (honest_forward - 0.2 - timing.COPY_SLACK * handoff) / 4 - 1e-12
+    assert got.best_ms >= (honest_forward - 0.2 - timing.COPY_SLACK * handoff) / 4 - 1e-12
 
 
 def test_what_the_machine_adds_to_some_batches_does_not_move_the_time():
@@ -356,8 +366,8 @@ def test_what_the_machine_adds_to_some_batches_does_not_move_the_time():
     reference = [0.5 * (1 + rng.gauss(0, 0.05)) for _ in range(30)]
     handoffs = [0.5 * (1 + rng.gauss(0, 0.05)) for _ in range(30)]
     got = timing.summary(per_call, timing.charged(per_call, [handoffs], [reference], calls=4))
-    assert got["best_ms"] == pytest.approx(undisturbed)
-    assert got["median_ms"] > 1.01 * undisturbed  # the median carries the machine's share
+    assert got.best_ms == pytest.approx(undisturbed)
+    assert got.median_ms > 1.01 * undisturbed  # the median carries the machine's share
 
 
 def test_stopping_rules():
@@ -372,7 +382,7 @@ def test_stopping_rules():
     # a reference of 400 ms a call: 3 batches (1.2 s) say as much as ten batches of the budget, not ten of 400 ms
     assert timing.reference_done([400.0] * 3, 1, 0.1)
     assert not timing.reference_done([40.0] * 3, 1, 0.1)
-    assert timing.speedup({"best_ms": 2.0}, {"best_ms": 1.0}) == 2.0
+    assert timing.speedup(Times(best_ms=2.0), Times(best_ms=1.0)) == 2.0
 
 
 # ---------------------------------------------------------------- what crosses between processes

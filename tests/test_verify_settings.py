@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from concur import config, workflow
-from concur.verify import api, compiling, orchestrate
+from concur.verify import api, compiling, modes, orchestrate
 from concur.verify import settings as verify_settings
 from concur.verify.settings import BUILD, PROBE, READERS, REFEREE, VERDICT, VerifySettings
 from conftest import ROOT
@@ -34,6 +34,16 @@ def test_the_fields_are_the_schemas_keys_and_defaults():
     assert [f.name for f in dataclasses.fields(VerifySettings)] == list(SCHEMA)
     assert VerifySettings.from_dict({}).to_dict() == config.defaults("verify") == verify_settings.defaults()
     assert not any(f.default is not dataclasses.MISSING for f in dataclasses.fields(VerifySettings))  # schema only
+
+
+def test_every_mode_the_schema_allows_is_defined_once():
+    assert sorted(modes.MODES) == sorted(SCHEMA["mode"]["enum"])
+    assert all(name == mode.name for name, mode in modes.MODES.items())
+    hardened, kernelbench = modes.MODES["hardened"], modes.MODES["kernelbench"]
+    assert hardened.speedup_stat == "best_ms" and kernelbench.speedup_stat == "mean_ms"  # KernelBench's: the mean
+    assert not any(
+        getattr(kernelbench, f.name) is True for f in dataclasses.fields(modes.Mode) if f.name != "cast_float32"
+    )
 
 
 def test_what_each_field_changes_is_marked():

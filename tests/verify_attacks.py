@@ -261,7 +261,7 @@ setattr(_harness, "prep" + "are", _ahead)
         """
 import pathlib
 def _tamper():
-    target = __import__("con" + "cur.verify.checks", fromlist=["checks"])
+    target = __import__("con" + "cur.verify.verdict", fromlist=["verdict"])
     written = 0
     paths = [pathlib.Path(target.__file__), pathlib.Path(target.__file__).with_name("planted.py"),
              pathlib.Path(os.getcwd()).parent / "planted", pathlib.Path("/tmp/concur-planted")]

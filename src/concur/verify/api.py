@@ -5,21 +5,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 from pathlib import Path
 
 import pandas as pd
 
 from concur import contracts
 from concur.io import write_parquet, write_text
-from concur.verify import baselines, checks, compiling, orchestrate, timing
+from concur.verify import compiling, orchestrate
 from concur.verify import settings as verify_settings
-from concur.verify.orchestrate import Job, blank_verdict, cache_root_of, device_label, pre_verdict
+from concur.verify.orchestrate import Job, cache_root_of, device_label
+from concur.verify.report import Report
 from concur.verify.settings import BUILD, PROBE, REFEREE, VerifySettings
+from concur.verify.verdict import before_run, blank, decide, mark_task_trust
 
 log = logging.getLogger("concur.verify")
 VERDICT_FIELDS = [c for c in contracts.VERDICTS if c not in ("candidate_id", "task_id")]
-FACTS_SINK = None  # when set, called with (candidate_id, facts) for every referee report (benchmarks read them)
+TRACE_SINK = None  # when set, jobs are traced and it is called with (candidate_id, report) for each (benchmarks)
 Settings = VerifySettings | dict | None  # a dict: some keys of the `verify` section, the schema's defaults for the rest
 
 
@@ -134,8 +135,8 @@ def probe_tasks(
                 }
             )
 
-    def done(payload: dict, facts: dict) -> None:
-        kinds = facts.get("degenerate")
+    def done(payload: dict, report: Report) -> None:
+        kinds = report.degenerate
         found[payload["task_id"]] = kinds or []
         if kinds is not None:  # a failing reference: its candidates get runtime errors, nothing to flag
             write_text(json.dumps(kinds), Path(payload["key"]))
@@ -205,7 +206,7 @@ def run_jobs(
     precisions = precisions or {}
     label = device_label(settings["device"])
     verdicts: list[dict | None] = [None] * len(jobs)
-    unbuilt = [j for j in jobs if j.build is None and pre_verdict(j, settings) is None]
+    unbuilt = [j for j in jobs if j.build is None and before_run(j.solution, None, settings) is None]
     if unbuilt:  # builds always happen before a referee sees the candidate
         for job, row in zip(
             unbuilt,
@@ -219,13 +220,11 @@ def run_jobs(
             job.build = row
     to_run = []
     for job in jobs:
-        early = pre_verdict(job, settings)
-        if early is None and job.build["status"] in orchestrate.TERMINAL_BUILDS:
-            early = (job.build["status"], job.build["reason"])
+        early = before_run(job.solution, job.build, settings)
         if early is None:
             to_run.append(job)
             continue
-        verdicts[job.index] = blank_verdict(*early, settings, label)
+        verdicts[job.index] = blank(*early, settings, label)
         verdicts[job.index]["compile_s"] = float((job.build or {}).get("compile_s") or 0.0)
     degenerate: dict[str, list[str]] = {}
     if to_run:
@@ -234,15 +233,17 @@ def run_jobs(
         by_id = {job.candidate_id: job for job in to_run}
         reported: set[str] = set()
 
-        def done(payload: dict, facts: dict) -> None:
+        def done(payload: dict, report: Report) -> None:
             job = by_id[payload["candidate_id"]]
-            verdicts[job.index] = decide(facts, job, {**settings, "precision": payload["settings"]["precision"]}, label)
-            report_baselines(job.task_id, facts, reported)
-            if FACTS_SINK is not None:
-                FACTS_SINK(job.candidate_id, facts)
-            kinds = facts.get("degenerate")
-            if kinds is not None:
-                degenerate[job.task_id] = sorted(set(degenerate.get(job.task_id, [])) | set(kinds))
+            job_settings_ = {**settings, "precision": payload["settings"]["precision"]}
+            compile_s = (job.build or {}).get("compile_s") or 0.0
+            verdicts[job.index] = decide(report, job_settings_, job.solution, compile_s, label)
+            report_baselines(job.task_id, report, reported)
+            if TRACE_SINK is not None:
+                TRACE_SINK(job.candidate_id, report)
+            if report.degenerate is not None:
+                kinds = set(degenerate.get(job.task_id, [])) | set(report.degenerate)
+                degenerate[job.task_id] = sorted(kinds)
 
         payloads = [payload(job, settings, cache_root, library, precisions.get(job.task_id)) for job in to_run]
         orchestrate.evaluate_all(payloads, settings, cache_root, progress, done)
@@ -260,59 +261,17 @@ def payload(job: Job, settings: dict, cache_root: Path, library: set[str], preci
         "build_dir": str(cache_root / job.build["cache_key"]),
         "kernels": own,
         "settings": {**job_settings(settings), "precision": precision or "fp32"},
+        "trace": TRACE_SINK is not None,
     }
 
 
-def report_baselines(task_id: str, facts: dict, reported: set[str]) -> None:
+def report_baselines(task_id: str, report: Report, reported: set[str]) -> None:
     """Log, once per task, what compiling its reference under each baseline cost, or why that baseline failed."""
-    if task_id in reported or not facts.get("baselines"):
+    if task_id in reported or not report.baselines:
         return
     reported.add(task_id)
-    for name, found in facts["baselines"].items():
-        if found.get("error"):
-            log.warning("task %s: baseline %s failed, its speedups are NaN: %s", task_id, name, found["error"])
+    for name, found in report.baselines.items():
+        if found.error:
+            log.warning("task %s: baseline %s failed, its speedups are NaN: %s", task_id, name, found.error)
         else:
-            log.info("task %s: baseline %s compiled in %.1f s", task_id, name, found.get("compile_s") or 0.0)
-
-
-def decide(facts: dict, job: Job, settings: dict, label: str) -> dict:
-    """The verdict from a referee's facts (concur.verify.checks decides)."""
-    verdict = blank_verdict("runtime_error", "", settings, facts.get("device") or label)
-    status, reason = checks.judge(facts, settings["mode"])
-    load = facts.get("load") or {}
-    errors = [t["max_abs_err"] for t in facts.get("trials", []) if t.get("max_abs_err") is not None]
-    verdict.update(
-        status=status,
-        reason=reason,
-        correct=status == "correct",
-        compiled=bool(load.get("ok")),
-        compile_s=float((job.build or {}).get("compile_s") or 0.0),
-        eval_s=float(facts.get("gpu_s") or 0.0),
-        max_abs_err=float(max(errors)) if errors else math.nan,
-    )
-    if status == "correct":
-        ref, new = facts["timing"]["ref"], facts["timing"]["new"]
-        stat = "best_ms" if settings["mode"] == "hardened" else "mean_ms"
-        verdict.update(
-            ref_ms=ref["mean_ms"],
-            new_ms=new["mean_ms"],
-            ref_median_ms=ref["median_ms"],
-            new_median_ms=new["median_ms"],
-            ref_best_ms=ref["best_ms"],
-            new_best_ms=new["best_ms"],
-            speedup=timing.speedup(ref, new, stat),
-            ref_hotspots=facts.get("ref_hotspots") or "",
-        )
-        for name, value in baselines.speedups(facts.get("baselines") or {}, new, stat).items():
-            verdict[contracts.speedup_column(name)] = value
-        verdict["flags"] = ",".join(checks.flags(facts, verdict, settings, job.solution))
-    elif settings["mode"] == "hardened" and facts.get("sandbox") == "none":
-        verdict["flags"] = "sandbox:none"
-    return verdict
-
-
-def mark_task_trust(verdict: dict, degenerate_kinds: list[str]) -> None:
-    """A task whose check a trivial output passes makes every verdict on it untrustworthy."""
-    if degenerate_kinds:
-        verdict["trusted"] = False
-        verdict["flags"] = ",".join(f for f in (verdict["flags"], "degenerate_task:" + "+".join(degenerate_kinds)) if f)
+            log.info("task %s: baseline %s compiled in %.1f s", task_id, name, found.compile_s)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from concur.contracts import COMPILE_BASELINES
-from concur.verify import checks, measure, timing
+from concur.verify import comparisons, measure, timing
 from concur.verify.reference import (
     REFERENCE_MEMORY_MB,
     SEED,
@@ -31,20 +31,21 @@ from concur.verify.reference import (
     ref_ask,
     reference_side,
 )
+from concur.verify.report import Baseline, Times
 from concur.verify.runner import RunnerFailed
 
 
 def setup(referee, task, settings: dict) -> None:
     """Time the task's reference under every compiled baseline in `settings["baselines"]` (eager is the task's own
-    timing): `task.baselines[name]` = {ref (timing summary, None on failure), compile_s, error}."""
+    timing): `task.baselines[name]`, a report.Baseline."""
     for name in settings.get("baselines") or []:
         if name != "eager":
             task.baselines[name] = measure_baseline(referee, task, settings, name)
 
 
-def measure_baseline(referee, task, settings: dict, name: str) -> dict:
+def measure_baseline(referee, task, settings: dict, name: str) -> Baseline:
     clock = Clock(task.setup_s)
-    found: dict = {"ref": None, "compile_s": None, "error": None}
+    found = Baseline()
     eager = task.runner
     runner = referee.take(REFERENCE_MEMORY_MB, 256)
     try:
@@ -61,19 +62,19 @@ def measure_baseline(referee, task, settings: dict, name: str) -> dict:
         values = referee.draw(task, SEED, "random")
         begin = time.perf_counter()
         compiled = one_call(referee, task, values)
-        found["compile_s"] = time.perf_counter() - begin
+        found.compile_s = time.perf_counter() - begin
         clock(f"baseline.{name}.compile")
         task.runner = eager
         expected = one_call(referee, task, values)
         task.runner = runner
         if not task.stochastic:
-            compared = checks.compare(compiled, expected, settings, strict_finite=False)
-            if not checks.passes(compared):
-                raise ReferenceFailed(f"compiled outputs differ from eager's: {compared.get('detail', '')}")
-        found["ref"] = time_baseline(referee, task, settings)
+            compared = comparisons.compare(compiled, expected, settings, strict_finite=False)
+            if not compared.passes():
+                raise ReferenceFailed(f"compiled outputs differ from eager's: {compared.detail}")
+        found.ref = time_baseline(referee, task, settings)
         clock(f"baseline.{name}.timing")
     except (ReferenceFailed, CallFailed, RunnerFailed) as err:
-        found["error"] = str(err)
+        found.error = str(err)
     finally:
         task.runner = eager
         referee.dismiss(runner)
@@ -88,20 +89,12 @@ def one_call(referee, task, values: list) -> list:
     return [o.clone() if isinstance(o, torch.Tensor) else o for o in reference_outputs(referee, task, values, SEED)]
 
 
-def time_baseline(referee, task, settings: dict) -> dict:
+def time_baseline(referee, task, settings: dict) -> Times:
     """The current reference runner's time as eager's is taken (its timing summary)."""
-    if task.mode == "hardened":
+    if task.mode.batches:
         return measure.reference_summary(task, measure.time_reference(referee, task, settings))
     values = referee.draw(task, SEED, "random")
     with reference_side():
         specs = referee.stage(task.runner, [values], "reference")[0]
     with referee.quiet():
         return timing.kernelbench_summary(ref_ask(task, kb_time_message(specs, settings), "reference")["times_ms"])
-
-
-def speedups(baselines: dict, candidate: dict, stat: str) -> dict[str, float]:
-    """The candidate's speedup over each baseline that was timed (NaN where one failed or is unresolved)."""
-    return {
-        name: timing.speedup(found["ref"], candidate, stat) if found.get("ref") else float("nan")
-        for name, found in baselines.items()
-    }

@@ -9,7 +9,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from concur.verify import checks, exchange, procs, timing
+from concur.verify import comparisons, exchange, modes, procs, timing
 from concur.verify.reference import (
     PROFILE_EXTRA_S,
     SEED,
@@ -22,6 +22,7 @@ from concur.verify.reference import (
     reference_side,
     timed_round,
 )
+from concur.verify.report import Profile, State, Timed, Times, Timing, Trial
 
 # Output elements checked per tensor leaf of a timed batch, spread over all of its calls (at least SAMPLES_MIN each):
 # a call left undone fails at any of its positions, and the referee keeps positions and values of every batch
@@ -37,7 +38,7 @@ def draw_kinds(calls: int, settings: dict, task) -> list[str]:
     (`signed_trials` signed among `correctness_trials` random, call by call at random), so no call's inputs tell a
     timed call from a graded one; all random where the reference's outputs are not finite on signed inputs
     (signed_ok), since such calls could not be checked."""
-    signed = int(settings["signed_trials"]) if settings["mode"] == "hardened" and task.signed_finite else 0
+    signed = int(settings["signed_trials"]) if modes.of(settings).signed and task.signed_finite else 0
     total = int(settings["correctness_trials"]) + signed
     return ["signed" if signed and secrets.randbelow(total) < signed else "random" for _ in range(calls)]
 
@@ -47,14 +48,14 @@ def signed_ok(referee, task, settings) -> None:
     (`task.signed_finite`), from one call of it on a signed draw, before its first timed batch."""
     if task.signed_finite is not None:
         return
-    if settings["mode"] != "hardened" or not int(settings["signed_trials"]):
+    if not modes.of(settings).signed or not int(settings["signed_trials"]):
         task.signed_finite = False
         return
     from concur.verify.evaluation import reference_outputs
 
     seed = secrets.randbits(62)
     outputs = reference_outputs(referee, task, referee.draw(task, seed, "signed"), seed)
-    task.signed_finite = checks.leaf_peaks(outputs) is not None
+    task.signed_finite = comparisons.leaf_peaks(outputs) is not None
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Drawn:
 def drawn(kind: str, outputs: list) -> Drawn:
     if kind != "signed":
         return Drawn()
-    peaks = checks.leaf_peaks(outputs)
+    peaks = comparisons.leaf_peaks(outputs)
     return Drawn(kind, peaks, peaks is not None)
 
 
@@ -265,53 +266,52 @@ def kept_sample(picked: list, outputs: list) -> list:
     return [value if got is None else got for got, value in zip(picked, outputs)]
 
 
-def reference_summary(task, plan: dict) -> dict:
+def reference_summary(task, plan: dict) -> Times:
     """The reference's timing summary from its timed batches (time_reference's plan)."""
     return timing.summary(plan["per_call"], plan["charged"], plan["calls"], timing.resolvable_ms(task.jitter_ms))
 
 
 def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None:
     settings = job["settings"]
-    if settings["mode"] == "kernelbench":
+    if not modes.of(settings).batches:
         return time_kernelbench(referee, task, candidate, settings, facts, deadline)
     torch = referee.torch
     calls = plan["calls"]
     ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, limit(deadline, t), spin=spin)  # noqa: E731
     forward, stages, handoffs, prepares, cpu_s, own = [], [], [], [], [], []
     billed: list[float] = []  # forward's batches per call, charged (charged below)
-    timed = {"calls": 0, "mismatch": None, "mutated": [], "signed": 0, "unchecked": 0}
+    timed = Timed()
     resolve_ms = timing.resolvable_ms(task.jitter_ms)
     reference = reference_summary(task, plan)
-    steady = timing.per_call_times([1000.0 * s for s in facts.get("steady_call_s", [])], task.overhead_ms, 1)
-    if referee.device == "cuda" and timing.slower_by_calls(steady, settings["timing_min_s"], reference["median_ms"]):
-        facts["timed"] = {**timed, "settled_by": "correctness calls"}  # each checked whole, the pool stopped
-        facts["timing"] = {
-            "ref": reference,
-            "new": timing.summary(steady, calls=1, resolve_ms=resolve_ms),
-            "calls_per_batch": 1,
-            "settled_by": "correctness calls",
-            "per_call_ms": {"ref": plan["per_call"], "new": steady},
-        }
+    steady = timing.per_call_times([1000.0 * s for s in facts.steady_call_s], task.overhead_ms, 1)
+    if referee.device == "cuda" and timing.slower_by_calls(steady, settings["timing_min_s"], reference.median_ms):
+        timed.settled_by = "correctness calls"  # each checked whole, the pool stopped
+        facts.timed = timed
+        new = timing.summary(steady, calls=1, resolve_ms=resolve_ms)
+        facts.timing = Timing(reference, new, calls_per_batch=1, settled_by="correctness calls")
+        if job.get("trace"):
+            facts.trace["per_call_ms"] = {"ref": plan["per_call"], "new": steady}
         return inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
     # drawn in secret before any batch runs: the timed call checked whole (the last batch's, if timing stops
     # first), and the batch before which one more call like them is profiled (after the last, if timing stops first)
     whole_at, whole, last = (secrets.randbelow(len(plan["batches"])), secrets.randbelow(calls)), None, None
     profile_at = secrets.randbelow(len(plan["batches"]))
     with referee.quiet():
-        if not timing.warm_already(facts.get("call_s", []), float(settings["timing_min_s"])):
+        if not timing.warm_already(facts.call_s, float(settings["timing_min_s"])):
             warm_up(referee, task, candidate, calls, settings, ask, deadline)
         batches = zip(plan["batches"], plan["samples"], plan["samplers"], plan["drawn"])
         for number, (seeds, samples, sampler, draws) in enumerate(batches):
             if number == profile_at:
-                timed["mismatch"] = profile_timed(referee, task, candidate, settings, facts, deadline)
-                if timed["mismatch"]:
+                timed.profiled = True
+                timed.mismatch = profile_timed(referee, task, candidate, settings, facts, deadline)
+                if timed.mismatch:
                     break
             kinds = [d.kind for d in draws]
             batch = timed_batch(referee, task, candidate, seeds, ask, deadline, sampler.read, kinds)
             outputs = batch["outputs"]
             if outputs is None:
-                at, mismatch = checks.batch_structure(batch["metas"], task.meta, calls)
-                timed["mismatch"] = f"call {number * calls + at + 1}: {mismatch}"
+                at, mismatch = comparisons.batch_structure(batch["metas"], task.meta, calls)
+                timed.mismatch = f"call {number * calls + at + 1}: {mismatch.failure()}"
                 break
             if number == whole_at[0]:  # copied: later batches' hand-offs land in the same arena
                 whole = whole_call(torch, number, calls, whole_at[1], seeds, batch, copy=True)
@@ -322,54 +322,56 @@ def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None
             own.append(batch["own_clock"])
             handoffs.append(batch["handoff_ms"])
             cpu_s.append(batch["cpu_s"])
-            timed["calls"] += calls
-            timed["signed"] += sum(d.kind == "signed" for d in draws)
+            timed.calls += calls
+            timed.signed += sum(d.kind == "signed" for d in draws)
             for i, (got, kept) in enumerate(zip(sampler.split(batch["gathered"]), samples)):
                 if not draws[i].checked:  # signed inputs on which the reference's outputs are not finite
-                    timed["unchecked"] += 1
+                    timed.unchecked += 1
                     continue
                 failed = sample_mismatch(torch, got, outputs[i], kept, settings, draws[i].peaks)
-                if failed and not timed["mismatch"]:
-                    timed["mismatch"] = f"call {number * calls + i + 1}: {failed}"
+                if failed and not timed.mismatch:
+                    timed.mismatch = f"call {number * calls + i + 1}: {failed}"
             for i in range(calls):
-                timed["mutated"] += [
+                timed.mutated += [
                     j
                     for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i])
-                    if j not in timed["mutated"]
+                    if j not in timed.mutated
                 ]
             billed = charged(forward, stages, handoffs, plan, task.overhead_ms)
-            if timed["mismatch"] or timing.candidate_done(
-                billed, calls, float(settings["timing_min_s"]), reference["median_ms"]
+            if timed.mismatch or timing.candidate_done(
+                billed, calls, float(settings["timing_min_s"]), reference.median_ms
             ):
                 break
     if whole is None and last is not None:  # timing stopped before the drawn batch: the last one's outputs, in place
         number, seeds, batch = last
         whole = whole_call(torch, number, calls, whole_at[1], seeds, batch, copy=False)
-    if whole is not None and not timed["mismatch"]:
-        timed["mismatch"] = check_whole(referee, task, settings, facts, *whole)
-    if "profiled_timed" not in facts and last is not None and not timed["mismatch"]:  # after the whole check: the
-        timed["mismatch"] = profile_timed(referee, task, candidate, settings, facts, deadline)  # last batch in place
-    facts["timed"] = timed
+    if whole is not None and not timed.mismatch:
+        timed.mismatch = check_whole(referee, task, settings, facts, *whole)
+    if not timed.profiled and last is not None and not timed.mismatch:  # after the whole check: the last batch's
+        timed.profiled = True  # outputs are checked in place
+        timed.mismatch = profile_timed(referee, task, candidate, settings, facts, deadline)
+    facts.timed = timed
     if forward:
         per_call = timing.per_call_times(forward, task.overhead_ms, calls)
-        facts["timing"] = {
-            "ref": reference,
-            "new": timing.summary(per_call, billed, calls, resolve_ms),  # every batch that ran, as last charged
-            "calls_per_batch": calls,
-            "resolve_ms": resolve_ms,  # the least net time of a batch the clock resolves
-            "per_call_ms": {"ref": plan["per_call"], "new": per_call},  # forward, of every batch: for benchmarks
-            "batch_ms": {  # the referee's clock readings of every batch, and the round trip taken off them
+        facts.timing = Timing(
+            reference,
+            timing.summary(per_call, billed, calls, resolve_ms),  # every batch that ran, as last charged
+            calls_per_batch=calls,
+            resolve_ms=resolve_ms,
+            deferred=timing.deferred(handoffs, plan["handoff"], forward),
+            # over all batches' calls together (where the CPU clock is read in ticks, one short batch is too coarse)
+            cores=sum(cpu_s) / (sum(forward) / 1000.0),
+            cores_resolution=procs.cpu_resolution_s(candidate.pid) * 2 / (sum(forward) / 1000.0),
+            cores_allowed=referee.threads,
+        )
+        if job.get("trace"):  # forward of every batch, the referee's clock readings, the processes' own
+            facts.trace["per_call_ms"] = {"ref": plan["per_call"], "new": per_call}
+            facts.trace["batch_ms"] = {
                 "ref": {key: plan[key] for key in ("forward", "stage", "handoff", "prepare")},
                 "new": {"forward": forward, "stage": stages, "handoff": handoffs, "prepare": prepares},
                 "overhead": task.overhead_ms,
-                "own_clock": {"ref": plan["own_clock"], "new": own},  # the processes' own, for benchmarks
-            },
-            "deferred": timing.deferred(handoffs, plan["handoff"], forward),
-            # over all batches' calls together (where the CPU clock is read in ticks, one short batch is too coarse)
-            "cores": sum(cpu_s) / (sum(forward) / 1000.0),
-            "cores_resolution": procs.cpu_resolution_s(candidate.pid) * 2 / (sum(forward) / 1000.0),
-            "cores_allowed": referee.threads,
-        }
+                "own_clock": {"ref": plan["own_clock"], "new": own},
+            }
     inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
 
 
@@ -388,29 +390,30 @@ def whole_call(torch, number: int, calls: int, i: int, seeds: list, batch: dict,
 
 
 def check_whole(referee, task, settings, facts, where: str, seed: int, values: list, outputs: list, kind: str,
-                precision_key: str | None = "precision_timed") -> str | None:  # fmt: skip
+                precise: bool = True) -> str:  # fmt: skip
     """One timed call, drawn in secret, checked as a correctness trial of its kind is: every element against the
     reference's outputs on its inputs (none where a signed draw leaves those not finite), and the errors of both
-    against the reference run in float64 (`facts[precision_key]`; checks.precision_flag reads the worse of it and
-    the first trial's). So a candidate that told timed calls from graded ones, and cut corners only on the timed, is
-    judged on one of them in full. Returns the mismatch, as the sampled check words it."""
+    against the reference run in float64 (`precise`: the report's precision_timed; verdict.precision_flag reads the
+    worse of it and the first trial's). So a candidate that told timed calls from graded ones, and cut corners
+    only on the timed, is judged on one of them in full. Returns the mismatch, as the sampled check words it (empty:
+    none)."""
     from concur.verify.evaluation import precision, reference_outputs
 
     ref = reference_outputs(referee, task, values, seed)
-    peaks = checks.leaf_peaks(ref) if kind == "signed" else None
+    peaks = comparisons.leaf_peaks(ref) if kind == "signed" else None
     if kind == "signed" and peaks is None:
-        return None
-    found = checks.compare(outputs, ref, settings, strict_finite=True, peaks=peaks)
-    if not checks.passes(found):
-        return f"{where}: {checks.trial_failure(found)}"
-    if precision_key:
-        facts[precision_key] = precision(referee, task, values, ref, outputs, seed)
-    return None
+        return ""
+    found = comparisons.compare(outputs, ref, settings, strict_finite=True, peaks=peaks)
+    if not found.passes():
+        return f"{where}: {found.failure()}"
+    if precise:
+        facts.precision_timed = precision(referee, task, values, ref, outputs, seed)
+    return ""
 
 
-def profile_timed(referee, task, candidate, settings, facts, deadline) -> str | None:
+def profile_timed(referee, task, candidate, settings, facts, deadline) -> str:
     """One more call, drawn as the timed calls are and made at a secret point among the timed batches, under the
-    profiler as the first correctness call is (`facts["profiled_timed"]`: the names of what it ran), its outputs
+    profiler as the first correctness call is (the report's `profiled`: the names of what it ran), its outputs
     checked whole: a candidate that launches its own kernels only on its first call is seen launching others here.
     Returns the mismatch."""
     kind, seed = draw_kinds(1, settings, task)[0], secrets.randbits(62)
@@ -418,13 +421,13 @@ def profile_timed(referee, task, candidate, settings, facts, deadline) -> str | 
     specs = referee.stage(candidate, [values], "profile")[0]
     message = {"op": "call", "calls": [{"args": specs, "seed": seed}], "profile": True}
     reply = answered(candidate.ask(message, "profile", limit(deadline, call_timeout(task, 1) + PROFILE_EXTRA_S)))
-    facts["profiled_timed"] = reply.get("names")
+    facts.profiled.append(reply.get("names"))
     metas = reply["outs"][0]
-    mismatch = checks.structure(metas, task.meta)
+    mismatch = comparisons.structure(metas, task.meta)
     if mismatch:
-        return f"the profiled call: {mismatch}"
+        return f"the profiled call: {mismatch.failure()}"
     outputs, _ = referee.handoff(candidate, [metas], "profile", limit(deadline, call_timeout(task, 1)))
-    return check_whole(referee, task, settings, facts, "the profiled call", seed, values, outputs[0], kind, None)
+    return check_whole(referee, task, settings, facts, "the profiled call", seed, values, outputs[0], kind, False)
 
 
 def sample_mismatch(torch, picked: list, leaves: list, kept: list, settings: dict, peaks=None) -> str | None:
@@ -436,9 +439,9 @@ def sample_mismatch(torch, picked: list, leaves: list, kept: list, settings: dic
                 return f"output {index}: {leaf!r} != {expected!r}"
             continue
         peak = None if peaks is None else [peaks[index]]
-        facts = checks.compare([got], [expected], settings, strict_finite=True, peaks=peak)
-        if not checks.passes(facts):
-            return checks.trial_failure(facts)
+        found = comparisons.compare([got], [expected], settings, strict_finite=True, peaks=peak)
+        if not found.passes():
+            return found.failure()
     return None
 
 
@@ -449,19 +452,16 @@ def time_kernelbench(referee, task, candidate, settings, facts, deadline) -> Non
     with referee.quiet():
         reply = candidate.ask(kb_time_message(specs, settings), "timing", limit(deadline, call_timeout(task, trials)))
     if not reply.get("ok"):
-        facts["trials"].append({"number": len(facts["trials"]) + 1, "kind": "timing", "error": reply.get("error")})
+        facts.trials.append(Trial(len(facts.trials) + 1, "timing", error=str(reply.get("error"))))
         return
-    facts["timing"] = {
-        "ref": timing.kernelbench_summary(task.kb_times),
-        "new": timing.kernelbench_summary(reply["times_ms"]),
-    }
+    facts.timing = Timing(timing.kernelbench_summary(task.kb_times), timing.kernelbench_summary(reply["times_ms"]))
 
 
 def inspect(referee, task, candidate, facts, deadline, own_kernels: list[str] | None) -> None:
     """What ran in the candidate's forward (profiler: its first correctness call and a timed one, else one call
     more: `names` all they ran, `launched_own` its own kernels launched on every profiled call) and the state it
     left (backend flags, harness functions)."""
-    profiled = [n for n in (facts.pop("profiled", None), facts.pop("profiled_timed", None)) if n is not None]
+    profiled, facts.profiled = [n for n in facts.profiled if n is not None], []
     if not profiled:
         values = referee.draw(task, secrets.randbits(62), "random")
         specs = referee.stage(candidate, [values], "profile")[0]
@@ -474,17 +474,10 @@ def inspect(referee, task, candidate, facts, deadline, own_kernels: list[str] | 
         for name, count in found.items():
             names[name] = names.get(name, 0) + count
     launched = set.intersection(*(set(found) & (own or set()) for found in profiled)) if profiled else set()
-    facts["profile"] = {
-        "device": referee.device,
-        "names": names,
-        "reference": task.profile,
-        "own": None if own is None else sorted(own),
-        "launched_own": sorted(launched),
-    }
+    facts.profile = Profile(referee.device, names, task.profile, None if own is None else sorted(own), sorted(launched))
     state = candidate.ask({"op": "state"}, "profile", limit(deadline, 30.0))
     backend = state.get("backend") or {}
     expected = {**EXPECTED_BACKEND, "num_threads": referee.threads}
-    facts["state"] = {
-        "backend_changed": sorted(k for k, v in expected.items() if backend.get(k, v) != v),
-        "tampered": state.get("tampered") or [],
-    }
+    facts.state = State(
+        sorted(k for k, v in expected.items() if backend.get(k, v) != v), [str(t) for t in state.get("tampered") or []]
+    )

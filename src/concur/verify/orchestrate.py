@@ -3,8 +3,8 @@
 `compile_frame` builds every candidate's extension in a pool of sandboxed builder children into the build cache
 (docs/data.md §4a), those its ModelNew's __init__ loads included (made on the task's init inputs). `verify_frame`
 hands each candidate to a referee (concur.verify.referee: one per GPU, or `workers` on the CPU), the candidates of
-one task in a row so the task's reference process is made once, and turns the referee's facts into verdicts with
-concur.verify.checks (§4). Referees and the builders' zygote live as long as
+one task in a row so the task's reference process is made once, and hands their reports (concur.verify.report)
+back to be judged (concur.verify.verdict, §4). Referees and the builders' zygote live as long as
 this process and are reused by later calls with the same settings.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import queue
 import shutil
@@ -24,13 +23,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from concur import contracts
-from concur.verify import compiling, procs
+from concur.verify import compiling, modes, procs
 from concur.verify import settings as verify_settings
-from concur.verify.screen import screen
+from concur.verify.report import Failure, Report
+from concur.verify.verdict import before_run
 
 log = logging.getLogger("concur.verify")
-TERMINAL_BUILDS = ("no_code", "rejected", "compile_error", "timeout", "runtime_error")
 REFEREE_START_S = 600.0
 
 
@@ -58,44 +56,6 @@ def device_label(device: str) -> str:
     return "cpu"
 
 
-def blank_verdict(status: str, reason: str, settings: dict, label: str) -> dict:
-    nan = math.nan
-    return {
-        "status": status,
-        "reason": reason,
-        "compiled": False,
-        "correct": False,
-        "ref_ms": nan,
-        "new_ms": nan,
-        "ref_median_ms": nan,
-        "new_median_ms": nan,
-        "ref_best_ms": nan,
-        "new_best_ms": nan,
-        "speedup": 0.0,
-        "max_abs_err": nan,
-        "device": label,
-        "verify_mode": settings["mode"],
-        "compile_s": 0.0,
-        "eval_s": 0.0,
-        "flags": "",
-        "trusted": True,
-        "ref_hotspots": "",
-        # a failed candidate is no faster than any baseline timed (NaN: one not timed)
-        **{contracts.speedup_column(b): 0.0 for b in settings.get("baselines") or [] if b != "eager"},
-    }
-
-
-def pre_verdict(job: Job, settings: dict) -> tuple[str, str] | None:
-    """(status, reason) when no process is needed: no code, or rejected by the static screen (hardened)."""
-    if not job.solution.strip():
-        return "no_code", "no code block in the answer"
-    if settings["mode"] == "hardened":
-        findings = screen(job.solution)
-        if findings:
-            return "rejected", f"screen:{findings[0].rule}"
-    return None
-
-
 # ---------------------------------------------------------------- builds
 
 
@@ -116,7 +76,7 @@ def run_builds(jobs: list[Job], settings: dict, workdir: Path, progress: bool) -
     rows: list[dict | None] = [None] * len(jobs)
     to_build = []
     for job in jobs:
-        early = pre_verdict(job, settings)
+        early = before_run(job.solution, None, settings)
         rows[job.index] = None if early is None else compiling.row(early[0], early[1], "", 0.0)
         if early is None:
             to_build.append(job)
@@ -239,7 +199,7 @@ class RefereeHandle:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def evaluate(self, job: dict, timeout: float) -> dict:
+    def evaluate(self, job: dict, timeout: float) -> Report:
         try:
             self.channel.send({"op": "job", "job": job})
             reply, _ = self.channel.recv(timeout=timeout)
@@ -247,7 +207,7 @@ class RefereeHandle:
             tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
             self.close()
             raise RefereeDied(f"the referee stopped ({type(err).__name__}): {tail.strip()[-300:]}") from None
-        return reply["facts"]
+        return Report.from_data(reply["report"])
 
     def restarted(self) -> RefereeHandle:
         self.close()
@@ -282,7 +242,7 @@ def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
     else:
         slots, threads, cpus = [None] * workers, max(1, cores // workers), [None] * workers
     confine = settings["sandbox"] != "off"
-    profiler = settings["device"] == "cuda" and settings["mode"] == "hardened"
+    profiler = settings["device"] == "cuda" and modes.of(settings).profile
     key = (settings["device"], tuple(str(s) for s in slots), str(cache_root), threads, workers, confine, profiler)
     with _LOCK:
         if _POOL is not None and _POOL[0] == key and all(h.proc.poll() is None for h in _POOL[1]):
@@ -348,7 +308,7 @@ def evaluate_all(payloads: list[dict], settings: dict, cache_root: Path, progres
         bar.close()
 
 
-def evaluate_with_retry(handles: list[RefereeHandle], slot: int, payload: dict, timeout: float) -> dict:
+def evaluate_with_retry(handles: list[RefereeHandle], slot: int, payload: dict, timeout: float) -> Report:
     """A referee that dies (a bug, a node problem) is restarted and the candidate tried once more."""
     for attempt in (1, 2):
         try:
@@ -356,11 +316,4 @@ def evaluate_with_retry(handles: list[RefereeHandle], slot: int, payload: dict, 
         except RefereeDied as err:
             log.warning("referee %d died on %s (attempt %d): %s", slot, payload["candidate_id"], attempt, err)
             handles[slot] = handles[slot].restarted()
-    return {
-        "failure": {
-            "kind": "referee",
-            "stage": "evaluate",
-            "detail": "the referee died twice on this candidate",
-            "seconds": 0,
-        }
-    }
+    return Report(failure=Failure("referee", "evaluate", "the referee died twice on this candidate"))

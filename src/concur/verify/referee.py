@@ -1,14 +1,14 @@
 """The referee: the trusted process that judges candidates on one device (one GPU, or the CPU).
 
-`python -m concur.verify.referee <fd>` takes jobs from the orchestrator over its socket and answers each with raw
-facts (concur.verify.checks decides the verdict). Per job it never runs a line of the candidate's code itself: the
-reference and the candidate each run in a contestant process (concur.verify.contestant) forked from its zygote,
-sandboxed, on views of arenas it owns. It draws every input itself (on the device, from seeds only it knows in
-hardened mode), keeps the reference's outputs and its private copy of the inputs, compares, and times both models
-with its own clock (concur.verify.timing). The reference is timed before the candidate's module is even loaded; a
-candidate process is killed as its job ends, and gone, with every process it started, before another contestant is
-taken or anything is timed: a leftover that cannot be killed fails the job instead (`settle`), and so does a
-scheduling change to the judging processes that cannot be undone (`guard`).
+`python -m concur.verify.referee <fd>` takes jobs from the orchestrator over its socket and answers each with a
+report of what it measured (concur.verify.report; concur.verify.verdict decides). Per job it never runs a line of the
+candidate's code itself: the reference and the candidate each run in a contestant process (concur.verify.contestant)
+forked from its zygote, sandboxed, on views of arenas it owns. It draws every input itself (on the device, from seeds
+only it knows in hardened mode), keeps the reference's outputs and its private copy of the inputs, compares, and
+times both models with its own clock (concur.verify.timing). The reference is timed before the candidate's module is
+even loaded; a candidate process is killed as its job ends, and gone, with every process it started, before another
+contestant is taken or anything is timed: a leftover that cannot be killed fails the job instead (`settle`), and so
+does a scheduling change to the judging processes that cannot be undone (`guard`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 from concur.verify import doorbell, exchange, procs, sandbox
 from concur.verify.build import describe
 from concur.verify.reference import CallFailed
+from concur.verify.report import Failure, Report
 from concur.verify.runner import Runner
 
 SPIN_S = 0.2  # timed replies are awaited without sleeping, on cores of the referee's own (procs.Channel.recv)
@@ -283,7 +284,7 @@ class Referee:
 
     # ------------------------------------------------------------ jobs
 
-    def evaluate(self, job: dict) -> dict:
+    def evaluate(self, job: dict) -> Report:
         from concur.verify import evaluation
 
         return evaluation.evaluate(self, job)
@@ -342,13 +343,13 @@ def serve(fd: int) -> int:
             if message.get("op") == "quit":
                 break
             try:
-                facts = referee.evaluate(message["job"])
+                report = referee.evaluate(message["job"])
             except BaseException as err:  # a bug here must not look like the candidate's fault
                 import traceback
 
                 traceback.print_exc()
-                facts = {"failure": {"kind": "referee", "stage": "evaluate", "detail": describe(err), "seconds": 0}}
-            channel.send({"facts": facts})
+                report = Report(failure=Failure("referee", "evaluate", describe(err)))
+            channel.send({"report": report.to_data()})
     finally:
         referee.close()
     return 0

@@ -13,8 +13,9 @@ import math
 import time
 
 from concur import contracts
-from concur.verify import checks, doorbell, exchange, procs, timing
+from concur.verify import comparisons, doorbell, exchange, modes, procs, timing
 from concur.verify.build import describe, exec_program
+from concur.verify.report import Baseline
 from concur.verify.runner import RunnerFailed
 
 SEED = 42
@@ -43,10 +44,10 @@ class TaskState:
     def __init__(self, referee, job: dict):
         self.key = task_key(job)
         self.code = job["reference"]
-        self.mode = job["settings"]["mode"]
+        self.mode = modes.of(job["settings"])
         self.precision = job["settings"].get("precision") or "fp32"
         self.dtype = None  # the dtype floating inputs are drawn in (referee.draw): None for fp32, drawn as written
-        self.baselines: dict[str, dict] = {}  # what the reference took under each compiled baseline (baselines.py)
+        self.baselines: dict[str, Baseline] = {}  # what the reference took under each compiled baseline (baselines.py)
         self.referee, self.runner, self.error = referee, None, None
         self.meta = self.kb_times = self.profile = None
         self.stochastic = True
@@ -188,19 +189,20 @@ def setup_reference(referee, task: TaskState, settings: dict) -> None:
         with reference_side():
             runner.arena("out", 3 * task.output_bytes + 4 * exchange.OUT_SLACK, "reference")
     clock("arena")
-    if settings["mode"] == "hardened":
+    if task.mode.batches:
         with referee.quiet():
             task.calls = batch_calls(referee, task, specs[0])
         clock("calibrate")
-        profiled = ref_ask(task, {"op": "profile", "args": specs[0]}, "reference")
-        task.profile, task.hotspots = profiled["names"], hotspots(profiled.get("times") or {})
-        clock("profile")
     else:
         with referee.quiet():
             task.kb_times = ref_ask(task, kb_time_message(specs[0], settings), "reference")["times_ms"]
         clock("kb_time")
+    if task.mode.profile:
+        profiled = ref_ask(task, {"op": "profile", "args": specs[0]}, "reference")
+        task.profile, task.hotspots = profiled["names"], hotspots(profiled.get("times") or {})
+        clock("profile")
     with referee.quiet():
-        task.floor_ms = write_floor_ms(referee, task.output_bytes, task.calls if task.mode == "hardened" else 64)
+        task.floor_ms = write_floor_ms(referee, task.output_bytes, task.calls if task.mode.batches else 64)
     clock("floor")
 
 
@@ -285,7 +287,7 @@ def load_message(
     models and floating inputs are cast to the task's precision as KernelBench does (kernelbench mode: float32 too,
     as KernelBench's default casts them). `compile_mode`: the reference under torch.compile (baselines.py)."""
     precision = settings.get("precision") or "fp32"
-    cast = settings["mode"] == "kernelbench" or precision != "fp32"
+    cast = modes.of(settings).cast_float32 or precision != "fp32"
     return {
         "op": "load",
         "role": role,
@@ -293,7 +295,7 @@ def load_message(
         "program": str(program),
         "seed": SEED,
         "init": init,
-        "fixed_backend": settings["mode"] == "hardened",
+        "fixed_backend": modes.of(settings).fixed_backend,
         "cast": contracts.PRECISIONS[precision] if cast else None,
         "build_dir": build_dir,
         "compile": compile_mode,
@@ -325,7 +327,7 @@ def timed_round(
     base)` reads the outputs on the hand-off's clock (the arena's bytes, the hand-off's random offset:
     measure.Sampler). Returns timed_go's readings with the forward's reply (`reply`, naming its outputs),
     `handoff_ms`, what `gather` returned (`gathered`), the outputs as the reply lays them out (None where that is
-    not as `meta`, checks.batch_structure: the caller judges), and the hand-off's reply and clock readings
+    not as `meta`, comparisons.batch_structure: the caller judges), and the hand-off's reply and clock readings
     (`handoff`). Raises CallFailed on an error reply."""
     _, end = exchange.handoff_layouts([meta] * n)
     arena = runner.arena("out", end + exchange.OUT_SLACK, "timing")
@@ -339,7 +341,7 @@ def timed_round(
     if not reply.get("ok"):
         raise CallFailed(reply.get("error", "call failed"))
     outputs = None
-    if checks.batch_structure(reply.get("outs"), meta, n) is None:
+    if comparisons.batch_structure(reply.get("outs"), meta, n) is None:
         if not handed["handoff"].get("ok"):
             raise CallFailed(handed["handoff"].get("error", "hand-off failed"))
         layouts, _ = exchange.handoff_layouts(reply["outs"], 0, handed["base"])

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from concur.verify import doorbell, exchange, procs
+from concur.verify.report import Failure
 
 READY_TIMEOUT_S = 120.0
 PASSED_ENV = (
@@ -36,8 +37,8 @@ class RunnerFailed(Exception):
         super().__init__(f"{kind} during {stage}: {detail}")
         self.kind, self.stage, self.detail, self.seconds = kind, stage, detail, seconds
 
-    def facts(self) -> dict:
-        return {"kind": self.kind, "stage": self.stage, "detail": self.detail, "seconds": self.seconds}
+    def failure(self) -> Failure:
+        return Failure(self.kind, self.stage, self.detail, self.seconds)
 
 
 def contestant_env(folder: Path, threads: int) -> dict:

@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from concur.verify.report import Times
+
 MIN_BATCHES = 10
 MAX_BATCHES = 2000
 MAX_BATCH = 1024  # calls; small tasks (KernelBook's run in microseconds) need hundreds to outlast the jitter
@@ -146,7 +148,7 @@ def warm_already(call_s: list[float], budget_s: float) -> bool:
 
 def summary(
     per_call: list[float], charged_ms: list[float] | None = None, calls: int = 1, resolve_ms: float = 0.0
-) -> dict:
+) -> Times:
     """Per-call times over the batches, each with its copies' excess (`charged_ms`, timing.charged): `best_ms`,
     the quickest batch, is the side's time (hardened): what the machine adds to a batch (a preempted or slowed
     core, a context switch, another process's copy) only ever lengthens it, and every call of every batch had its
@@ -156,15 +158,15 @@ def summary(
     charged_ms = charged_ms or per_call
     mean = statistics.fmean(per_call)
     best = min(range(len(charged_ms)), key=charged_ms.__getitem__)
-    return {
-        "resolved": charged_ms[best] > 0 and charged_ms[best] * calls >= resolve_ms,
-        "mean_ms": statistics.fmean(charged_ms),
-        "median_ms": statistics.median(charged_ms),
-        "best_ms": charged_ms[best],
-        "copy_excess_ms": charged_ms[best] - per_call[best],
-        "cv": statistics.pstdev(per_call) / mean if len(per_call) > 1 and mean > 0 else 0.0,
-        "batches": len(per_call),
-    }
+    return Times(
+        resolved=charged_ms[best] > 0 and charged_ms[best] * calls >= resolve_ms,
+        mean_ms=statistics.fmean(charged_ms),
+        median_ms=statistics.median(charged_ms),
+        best_ms=charged_ms[best],
+        copy_excess_ms=charged_ms[best] - per_call[best],
+        cv=statistics.pstdev(per_call) / mean if len(per_call) > 1 and mean > 0 else 0.0,
+        batches=len(per_call),
+    )
 
 
 def deferred(
@@ -181,12 +183,12 @@ def deferred(
     return excess > max(DEFERRED_SHARE * ref, 4 * spread, DEFERRED_FLOOR_MS, share)
 
 
-def resolved(reference: dict, candidate: dict) -> bool:
+def resolved(reference: Times, candidate: Times) -> bool:
     """Both sides' times are the clock's readings, not its noise (summary; kernelbench mode's always are)."""
-    return reference.get("resolved", True) and candidate.get("resolved", True)
+    return reference.resolved and candidate.resolved
 
 
-def beats_roofline(candidate: dict, floor_ms: float | None, reference: dict | None = None) -> bool:
+def beats_roofline(candidate: Times, floor_ms: float | None, reference: Times | None = None) -> bool:
     """Quicker per call than ROOFLINE_SHARE of the least any correct candidate takes: its outputs' bytes written
     once, by one launch a call, as the referee's own fills of that many bytes measured it on this device, batched as
     the task's calls are (reference.write_floor_ms). The task's FLOPs and input bytes give no such bound (an
@@ -194,28 +196,28 @@ def beats_roofline(candidate: dict, floor_ms: float | None, reference: dict | No
     must write. A time under it was not the work of each call (calls merged or overlapped, or a clock gamed). Unless
     the `reference` is as quick: then the task writes no outputs of its own (a view of its input, say), and neither
     need an honest candidate."""
-    if not floor_ms or floor_ms <= 0 or not candidate.get("resolved", True) or "best_ms" not in candidate:
+    if not floor_ms or floor_ms <= 0 or not candidate.resolved or math.isnan(candidate.best_ms):
         return False
     bound = ROOFLINE_SHARE * floor_ms
-    if reference and reference.get("resolved", True) and reference.get("best_ms", bound) < bound:
+    if reference is not None and reference.resolved and reference.best_ms < bound:
         return False
-    return candidate["best_ms"] < bound
+    return candidate.best_ms < bound
 
 
-def speedup(reference: dict, candidate: dict, stat: str = "best_ms") -> float:
+def speedup(reference: Times, candidate: Times, stat: str = "best_ms") -> float:
     """reference / candidate time; NaN where either side's time is unresolved: a time the clock could not resolve
     is never a speedup."""
-    if not resolved(reference, candidate) or candidate[stat] <= 0:
+    if not resolved(reference, candidate) or not getattr(candidate, stat) > 0:
         return math.nan
-    return reference[stat] / candidate[stat]
+    return getattr(reference, stat) / getattr(candidate, stat)
 
 
-def kernelbench_summary(times_ms: list[float]) -> dict:
+def kernelbench_summary(times_ms: list[float]) -> Times:
     """KernelBench's statistic is the mean; the median and the quickest trial are reported beside it."""
-    return {
-        "mean_ms": statistics.fmean(times_ms),
-        "median_ms": statistics.median(times_ms),
-        "best_ms": min(times_ms),
-        "batches": len(times_ms),
-        "cv": statistics.pstdev(times_ms) / statistics.fmean(times_ms) if len(times_ms) > 1 else 0.0,
-    }
+    return Times(
+        mean_ms=statistics.fmean(times_ms),
+        median_ms=statistics.median(times_ms),
+        best_ms=min(times_ms),
+        batches=len(times_ms),
+        cv=statistics.pstdev(times_ms) / statistics.fmean(times_ms) if len(times_ms) > 1 else 0.0,
+    )

@@ -1,0 +1,36 @@
+"""What each `verify.mode` does: every difference between `hardened` and `kernelbench`, decided here once.
+
+The verifier's modules ask a `Mode` what to do (`of(settings)`) rather than testing the mode's name, so a
+difference between the modes is one field here and the code that reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    secret_seeds: bool  # correctness trials on seeds only the referee knows (else KernelBench's, from seed 42)
+    signed: bool  # `signed_trials` trials on inputs of both signs, and signed draws among the timed calls
+    strict_finite: bool  # a NaN or inf in the candidate's outputs fails
+    batches: bool  # timed in batches of secret inputs on the referee's clock, every call checked (else KernelBench's
+    # in-process timing of one input set, its mean the time)
+    profile: bool  # the forward profiled (CUDA kernels: its own must run; CPU operators), its backend state read
+    fixed_backend: bool  # both models under fixed backend flags (full float32 precision, no autotuning)
+    cast_float32: bool  # floating inputs and models cast to float32 as KernelBench's default precision does
+    screen: bool  # the static screen runs before any process
+    strict_checks: bool  # the checks marked hardened-only in verdict.CHECKS apply
+    speedup_stat: str  # the time a speedup divides: the quickest batch, or KernelBench's mean
+
+
+MODES = {
+    "hardened": Mode("hardened", True, True, True, True, True, True, False, True, True, "best_ms"),
+    "kernelbench": Mode("kernelbench", False, False, False, False, False, False, True, False, False, "mean_ms"),
+}
+
+
+def of(settings: dict) -> Mode:
+    """The mode `settings["mode"]` names."""
+    return MODES[settings["mode"]]
