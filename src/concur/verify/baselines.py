@@ -17,6 +17,7 @@ its `error` says why.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from concur.contracts import COMPILE_BASELINES
 from concur.verify import comparisons, measure, timing
@@ -26,6 +27,7 @@ from concur.verify.reference import (
     CallFailed,
     Clock,
     ReferenceFailed,
+    TaskState,
     kb_time_message,
     load_message,
     ref_ask,
@@ -34,8 +36,11 @@ from concur.verify.reference import (
 from concur.verify.report import Baseline, Times
 from concur.verify.runner import RunnerFailed
 
+if TYPE_CHECKING:
+    from concur.verify.referee import Referee
 
-def setup(referee, task, settings: dict) -> None:
+
+def setup(referee: Referee, task: TaskState, settings: dict) -> None:
     """Time the task's reference under every compiled baseline in `settings["baselines"]` (eager is the task's own
     timing): `task.baselines[name]`, a report.Baseline."""
     for name in settings.get("baselines") or []:
@@ -43,7 +48,7 @@ def setup(referee, task, settings: dict) -> None:
             task.baselines[name] = measure_baseline(referee, task, settings, name)
 
 
-def measure_baseline(referee, task, settings: dict, name: str) -> Baseline:
+def measure_baseline(referee: Referee, task: TaskState, settings: dict, name: str) -> Baseline:
     clock = Clock(task.setup_s)
     found = Baseline()
     eager = task.runner
@@ -81,7 +86,7 @@ def measure_baseline(referee, task, settings: dict, name: str) -> Baseline:
     return found
 
 
-def one_call(referee, task, values: list) -> list:
+def one_call(referee: Referee, task: TaskState, values: list) -> list:
     """The outputs of one call of the task's current reference runner on `values` (copies: the arena is reused)."""
     from concur.verify.evaluation import reference_outputs
 
@@ -89,7 +94,7 @@ def one_call(referee, task, values: list) -> list:
     return [o.clone() if isinstance(o, torch.Tensor) else o for o in reference_outputs(referee, task, values, SEED)]
 
 
-def time_baseline(referee, task, settings: dict) -> Times:
+def time_baseline(referee: Referee, task: TaskState, settings: dict) -> Times:
     """The current reference runner's time as eager's is taken (its timing summary)."""
     if task.mode.batches:
         return measure.reference_summary(task, measure.time_reference(referee, task, settings))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
+from typing import TYPE_CHECKING
 
 from concur.verify import comparisons, exchange, measure, modes, timing
 from concur.verify.reference import (
@@ -22,6 +23,7 @@ from concur.verify.reference import (
     SEED,
     CallFailed,
     ReferenceFailed,
+    TaskState,
     call_timeout,
     limit,
     load_message,
@@ -32,13 +34,16 @@ from concur.verify.reference import (
     task_for,
 )
 from concur.verify.report import Load, Precision, Report, Trial
-from concur.verify.runner import RunnerFailed
+from concur.verify.runner import Runner, RunnerFailed
 from concur.verify.verdict import trial_settles
+
+if TYPE_CHECKING:
+    from concur.verify.referee import Referee
 
 KEEP_PREVIOUS_BYTES = 1 << 30  # the previous trial's reference output is kept (for `other_inputs`) up to this size
 
 
-def evaluate(referee, job: dict) -> Report:
+def evaluate(referee: Referee, job: dict) -> Report:
     settings = job["settings"]
     start = time.perf_counter()
     facts = Report(device=referee.label)
@@ -104,7 +109,7 @@ class Stages:
             self.into[name] = self.into.get(name, 0.0) + time.perf_counter() - begin
 
 
-def load_candidate(referee, task, candidate, job, facts, deadline) -> bool:
+def load_candidate(referee: Referee, task: TaskState, candidate: Runner, job, facts: Report, deadline) -> bool:
     program = candidate.folder / "solution.py"
     program.write_text(job["solution"])
     init = referee.stage(candidate, [task.init], "load")[0] if task.init else []
@@ -153,7 +158,9 @@ def trial_plan(settings: dict) -> list[tuple[int, int, str]]:
     return plan + [(n + i + 1, secrets.randbits(62), "signed") for i in range(signed)]
 
 
-def run_trials(referee, task, candidate, settings, facts: Report, deadline, stage_s: dict) -> bool:
+def run_trials(
+    referee: Referee, task: TaskState, candidate: Runner, settings, facts: Report, deadline, stage_s: dict
+) -> bool:
     """Reference then candidate on the same fresh inputs, trial by trial; stops at the first trial that settles the
     verdict (concur.verify.verdict.trial_settles). The task's degenerate probe rides along on the reference's
     outputs (finished on the reference alone if the candidate fails early), once per task."""
@@ -241,7 +248,7 @@ class Probe:
         return comparisons.degenerate_everywhere(self.found)
 
 
-def reference_outputs(referee, task, values: list, seed: int) -> list:
+def reference_outputs(referee: Referee, task: TaskState, values: list, seed: int) -> list:
     with reference_side():
         specs = referee.stage(task.runner, [values], "reference")[0]
     reply = ref_ask(task, {"op": "call", "calls": [{"args": specs, "seed": seed}]}, "reference")
@@ -249,7 +256,7 @@ def reference_outputs(referee, task, values: list, seed: int) -> list:
     return outputs[0]  # views of the reference's output arena: valid until its next hand-off
 
 
-def precision(referee, task, values, ref, new, seed) -> Precision:
+def precision(referee: Referee, task: TaskState, values, ref, new, seed) -> Precision:
     """Errors of the float32 reference and of the candidate against the reference run in float64."""
     torch = referee.torch
     size = task.input_bytes + task.output_bytes
@@ -276,7 +283,7 @@ def precision(referee, task, values, ref, new, seed) -> Precision:
     return Precision(comparisons.relative_error(ref, exact[0]), comparisons.relative_error(new, exact[0]))
 
 
-def probe(referee, task, settings) -> list[str]:
+def probe(referee: Referee, task: TaskState, settings) -> list[str]:
     """The trivial outputs that pass this task's check on every random trial (a task alone, no candidate)."""
     if task.degenerate is None:
         found = Probe(task, settings)

@@ -8,12 +8,14 @@ import math
 import secrets
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from concur.verify import comparisons, exchange, modes, procs, timing
 from concur.verify.reference import (
     PROFILE_EXTRA_S,
     SEED,
     CallFailed,
+    TaskState,
     call_timeout,
     kb_time_message,
     limit,
@@ -22,7 +24,11 @@ from concur.verify.reference import (
     reference_side,
     timed_round,
 )
-from concur.verify.report import Profile, State, Timed, Times, Timing, Trial
+from concur.verify.report import Profile, Report, State, Timed, Times, Timing, Trial
+
+if TYPE_CHECKING:
+    from concur.verify.referee import Referee
+    from concur.verify.runner import Runner
 
 # Output elements checked per tensor leaf of a timed batch, spread over all of its calls (at least SAMPLES_MIN each):
 # a call left undone fails at any of its positions, and the referee keeps positions and values of every batch
@@ -43,7 +49,7 @@ def draw_kinds(calls: int, settings: dict, task) -> list[str]:
     return ["signed" if signed and secrets.randbelow(total) < signed else "random" for _ in range(calls)]
 
 
-def signed_ok(referee, task, settings) -> None:
+def signed_ok(referee: Referee, task: TaskState, settings) -> None:
     """Once per task (hardened, with signed trials): whether the reference's outputs are finite on signed inputs
     (`task.signed_finite`), from one call of it on a signed draw, before its first timed batch."""
     if task.signed_finite is not None:
@@ -86,7 +92,7 @@ EXPECTED_BACKEND = {
 }
 
 
-def time_reference(referee, task, settings) -> dict:
+def time_reference(referee: Referee, task: TaskState, settings) -> dict:
     """Warm up, then timed batches of fresh secret inputs until the reference has run `timing_min_s`; keeps each
     batch's seeds, forward and hand-off times, where every call's outputs are checked (`samplers`) and what the
     reference's held there (`samples`)."""
@@ -164,7 +170,9 @@ class Sampler:
         return picked
 
 
-def warm_up(referee, task, runner, calls, settings, ask, deadline: float | None = None) -> None:
+def warm_up(
+    referee: Referee, task: TaskState, runner: Runner, calls, settings, ask, deadline: float | None = None
+) -> None:
     """`warmup` batches and at least WARMUP_MIN_S; past one batch, no longer than `timing_min_s` (a kernel whose
     batch takes seconds is warm after one, and its speedup is decided by the timed batches)."""
     begin, done = time.perf_counter(), 0
@@ -176,7 +184,9 @@ def warm_up(referee, task, runner, calls, settings, ask, deadline: float | None 
         done += 1
 
 
-def timed_batch(referee, task, runner, seeds, ask, deadline=None, gather=None, kinds: list | None = None) -> dict:
+def timed_batch(
+    referee: Referee, task: TaskState, runner: Runner, seeds, ask, deadline=None, gather=None, kinds: list | None = None
+) -> dict:
     """One timed batch: fresh inputs drawn (each call as `kinds` says: draw_kinds), the contestant's views of the
     arena made, then on the referee's clock the inputs written and the caches flushed, the calls run, and their
     outputs handed off, with what `gather` reads of them (timed_round).
@@ -246,7 +256,7 @@ def answered(reply: dict) -> dict:
     return reply
 
 
-def positions(referee, meta: list[dict], calls: int) -> list:
+def positions(referee: Referee, meta: list[dict], calls: int) -> list:
     """Where a batch of `calls` calls has its outputs checked, drawn in secret before it: per tensor leaf, a
     (calls, samples_per_call) tensor of positions in each call's leaf, or None where the leaf is small enough to
     check whole (or not a tensor)."""
@@ -271,7 +281,7 @@ def reference_summary(task, plan: dict) -> Times:
     return timing.summary(plan["per_call"], plan["charged"], plan["calls"], timing.resolvable_ms(task.jitter_ms))
 
 
-def time_candidate(referee, task, candidate, job, facts, plan, deadline) -> None:
+def time_candidate(referee: Referee, task: TaskState, candidate: Runner, job, facts: Report, plan, deadline) -> None:
     settings = job["settings"]
     if not modes.of(settings).batches:
         return time_kernelbench(referee, task, candidate, settings, facts, deadline)
@@ -389,8 +399,8 @@ def whole_call(torch, number: int, calls: int, i: int, seeds: list, batch: dict,
     return f"call {number * calls + i + 1}", seeds[i], batch["values"][i], outputs, batch["kinds"][i]
 
 
-def check_whole(referee, task, settings, facts, where: str, seed: int, values: list, outputs: list, kind: str,
-                precise: bool = True) -> str:  # fmt: skip
+def check_whole(referee: Referee, task: TaskState, settings, facts: Report, where: str, seed: int, values: list,
+                outputs: list, kind: str, precise: bool = True) -> str:  # fmt: skip
     """One timed call, drawn in secret, checked as a correctness trial of its kind is: every element against the
     reference's outputs on its inputs (none where a signed draw leaves those not finite), and the errors of both
     against the reference run in float64 (`precise`: the report's precision_timed; verdict.precision_flag reads the
@@ -411,7 +421,7 @@ def check_whole(referee, task, settings, facts, where: str, seed: int, values: l
     return ""
 
 
-def profile_timed(referee, task, candidate, settings, facts, deadline) -> str:
+def profile_timed(referee: Referee, task: TaskState, candidate: Runner, settings, facts: Report, deadline) -> str:
     """One more call, drawn as the timed calls are and made at a secret point among the timed batches, under the
     profiler as the first correctness call is (the report's `profiled`: the names of what it ran), its outputs
     checked whole: a candidate that launches its own kernels only on its first call is seen launching others here.
@@ -445,7 +455,7 @@ def sample_mismatch(torch, picked: list, leaves: list, kept: list, settings: dic
     return None
 
 
-def time_kernelbench(referee, task, candidate, settings, facts, deadline) -> None:
+def time_kernelbench(referee: Referee, task: TaskState, candidate: Runner, settings, facts: Report, deadline) -> None:
     values = referee.draw(task, SEED, "random")
     specs = referee.stage(candidate, [values], "timing")[0]
     trials = int(settings["timing_trials"]) + 1 + int(settings["warmup"])
@@ -457,7 +467,9 @@ def time_kernelbench(referee, task, candidate, settings, facts, deadline) -> Non
     facts.timing = Timing(timing.kernelbench_summary(task.kb_times), timing.kernelbench_summary(reply["times_ms"]))
 
 
-def inspect(referee, task, candidate, facts, deadline, own_kernels: list[str] | None) -> None:
+def inspect(
+    referee: Referee, task: TaskState, candidate: Runner, facts: Report, deadline, own_kernels: list[str] | None
+) -> None:
     """What ran in the candidate's forward (profiler: its first correctness call and a timed one, else one call
     more: `names` all they ran, `launched_own` its own kernels launched on every profiled call) and the state it
     left (backend flags, harness functions)."""

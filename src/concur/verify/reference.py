@@ -11,12 +11,16 @@ import contextlib
 import hashlib
 import math
 import time
+from typing import TYPE_CHECKING
 
 from concur import contracts
 from concur.verify import comparisons, doorbell, exchange, modes, procs, timing
 from concur.verify.build import describe, exec_program
 from concur.verify.report import Baseline
 from concur.verify.runner import RunnerFailed
+
+if TYPE_CHECKING:
+    from concur.verify.referee import Referee
 
 SEED = 42
 CALL_FLOOR_S, CALL_FACTOR, FIRST_CALL_EXTRA_S = 5.0, 100.0, 10.0  # a call's deadline, from the reference's time
@@ -103,7 +107,7 @@ def call_timeout(task, calls: int, first: bool = False) -> float:
     return max(floor, CALL_FACTOR * task.call_ms / 1000.0 * calls) + (FIRST_CALL_EXTRA_S if first else 0.0)
 
 
-def task_for(referee, job: dict) -> TaskState:
+def task_for(referee: Referee, job: dict) -> TaskState:
     if referee.task is None or referee.task.key != task_key(job):
         if referee.task is not None:
             referee.task.close()
@@ -138,7 +142,7 @@ def ref_ask(task, message: dict, stage: str, timeout: float = 600.0, spin: bool 
     return reply
 
 
-def ref_handoff(referee, task, metas: list) -> tuple[list, float]:
+def ref_handoff(referee: Referee, task: TaskState, metas: list) -> tuple[list, float]:
     with reference_side():
         return referee.handoff(task.runner, metas, "reference", 600.0)
 
@@ -155,7 +159,7 @@ class Clock:
         self.last = now
 
 
-def setup_reference(referee, task: TaskState, settings: dict) -> None:
+def setup_reference(referee: Referee, task: TaskState, settings: dict) -> None:
     """Load Model in a contestant, measure one call, profile it (hardened), time it KernelBench's way
     (kernelbench mode): all before any candidate of the task runs."""
     clock = Clock(task.setup_s)
@@ -223,7 +227,7 @@ def hotspots(times: dict[str, float], top: int = HOTSPOTS) -> str:
     return "; ".join(f"{name} {100.0 * spent / total:.0f}%" for name, spent in ranked)
 
 
-def write_floor_ms(referee, output_bytes: int, calls: int) -> float | None:
+def write_floor_ms(referee: Referee, output_bytes: int, calls: int) -> float | None:
     """The least time per call that writing `output_bytes` takes on this device, one launch a call: `calls` fills
     back to back into one buffer (which stays in cache where it fits, so the floor is if anything too low), by CUDA
     events on a GPU and the host clock on the CPU (the referee's threads, as a contestant's), the quickest of
@@ -255,7 +259,7 @@ def write_floor_ms(referee, output_bytes: int, calls: int) -> float | None:
     return best * output_bytes / size
 
 
-def batch_calls(referee, task: TaskState, specs: list[dict]) -> int:
+def batch_calls(referee: Referee, task: TaskState, specs: list[dict]) -> int:
     """Calls per timed batch, from the time per call of a batch of back-to-back calls: a single call's time carries
     launch and wake-up latency of its own, which sized the batches of one task anywhere from 11 to 21 calls."""
     sized = lambda call_ms: timing.batch_size(  # noqa: E731
@@ -268,7 +272,7 @@ def batch_calls(referee, task: TaskState, specs: list[dict]) -> int:
     return sized(timing.per_call_ms(min(times), task.overhead_ms, calls))
 
 
-def stochastic(referee, task, specs: list[dict]) -> bool:
+def stochastic(referee: Referee, task: TaskState, specs: list[dict]) -> bool:
     """Whether the reference draws random numbers in forward (dropout, torch.rand): then every call is seeded, the
     same way for both models; otherwise timed calls skip the reseeding."""
     outputs = []
@@ -302,7 +306,7 @@ def load_message(
     }
 
 
-def overhead_ms(referee, task) -> tuple[float, float]:
+def overhead_ms(referee: Referee, task: TaskState) -> tuple[float, float]:
     """The round trip of an empty batch on the reference's process, after a flush as in a timed batch (on a GPU the
     switch back to the contestant's context is part of it), subtracted from both sides; and its jitter
     (timing.jitter_ms), which sets the shortest batch the clock resolves."""
@@ -310,7 +314,7 @@ def overhead_ms(referee, task) -> tuple[float, float]:
     return sorted(times)[len(times) // 2], timing.jitter_ms(times)
 
 
-def ref_round(referee, task, calls: list[list[dict]]) -> dict:
+def ref_round(referee: Referee, task: TaskState, calls: list[list[dict]]) -> dict:
     """A calibration batch of the reference on inputs already in its arena, run and timed as a timed batch is (its
     outputs are handed off and not kept)."""
     ref_ask(task, {"op": "prepare", "calls": [{"args": specs} for specs in calls]}, "reference", spin=True)
