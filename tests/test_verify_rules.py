@@ -16,7 +16,7 @@ import torch
 
 from concur.verify import comparisons, doorbell, exchange, procs, sandbox, timing, verdict
 from concur.verify.evaluation import trial_plan
-from concur.verify.report import Report, Times
+from concur.verify.report import Comparison, Report, Times, Trial
 
 PASS = {"ok_shape": True, "ok_dtype": True, "ok_finite": True, "allclose": True, "max_abs_err": 0.001}
 TIMING = {"ref": {"mean_ms": 3.0, "median_ms": 2.5}, "new": {"mean_ms": 1.5, "median_ms": 1.0}}
@@ -108,6 +108,56 @@ def test_flags_name_what_a_person_should_look_at():
     assert marks == ["audit:speedup>10", "precision:bf16", "timing:deferred_work", "sandbox:none"]
     honest = verdict.flags(facts(precision={"e_ref": 1e-7, "e_new": 2e-7}), 2.0, settings, "float")
     assert honest == []
+
+
+def test_a_report_crosses_as_json_and_comes_back_whole():
+    """The referee sends its report as JSON on its socket: every nested type, NaN and infinite values included,
+    comes back as it was; a report of a job that stopped early keeps the defaults of what it never reached."""
+    import json
+
+    from concur.verify.report import Baseline, Comparison, Failure, Load, Precision, Profile, State, Timed, Timing
+
+    times = Times(1.0, 0.9, 0.8, True, 0.01, 0.02, 12)
+    full = Report(
+        device="cuda:H100",
+        sandbox="landlock",
+        load=Load(ok=True, has_class=True, load_calls=1, load_s=0.5),
+        counted_modules=1,
+        kernel_calls=3,
+        trials=[Trial(1, "random", comparison=Comparison(True, True, True, False, math.inf, "output 0")),
+                Trial(2, "signed", skipped="reference output not finite on these inputs")],
+        precision=Precision(1e-7, 2e-7),
+        precision_timed=Precision(skipped="too large or no floating output"),
+        timing=Timing(times, Times(best_ms=0.4, resolved=False), calls_per_batch=64),
+        timed=Timed(calls=640, signed=180, mismatch="", mutated=[1], profiled=True),
+        profile=Profile("cuda", {"mine": 2}, {"gemm": 1}, ["mine"], ["mine"]),
+        state=State(["matmul.allow_tf32"], []),
+        degenerate=["other_inputs"],
+        baselines={"compile": Baseline(times, "", 12.0), "compile-max-autotune": Baseline(error="differ")},
+        floor_ms=0.01,
+        trace={"stage_s": {"load": 0.1}},
+    )  # fmt: skip
+    again = Report.from_data(json.loads(json.dumps(full.to_data())))
+    assert json.dumps(again.to_data()) == json.dumps(full.to_data())  # NaN fields: no == on the objects
+    assert isinstance(again.trials[0].comparison, Comparison) and isinstance(again.baselines["compile"].ref, Times)
+    assert again.timing.ref == full.timing.ref and again.profile == full.profile and again.timed == full.timed
+    assert math.isinf(again.trials[0].comparison.max_abs_err)
+    assert math.isnan(again.precision_timed.e_new) and again.timing.cores_allowed == math.inf
+    stopped = Report.from_data(json.loads(json.dumps(Report(failure=Failure("timeout", "load", "", 15.0)).to_data())))
+    assert stopped.failure == Failure("timeout", "load", "", 15.0) and stopped.trials == [] and stopped.load is None
+    assert verdict.judge(stopped, "hardened") == ("timeout", "timeout after 15 s during load")
+
+
+def test_a_trial_that_settles_the_verdict_stops_the_trials_by_the_same_table():
+    """The referee stops at the first trial that fails the verdict (verdict.trial_settles): a failed comparison or an
+    error in both modes, a changed input only where the mode's checks say it is a failure."""
+    passed = Trial(1, "random", comparison=Comparison(True, True, True, True, 0.0))
+    assert not verdict.trial_settles(passed, "hardened") and not verdict.trial_settles(passed, "kernelbench")
+    wrong = Trial(1, "random", comparison=Comparison(True, True, True, False, 0.5))
+    assert verdict.trial_settles(wrong, "hardened") and verdict.trial_settles(wrong, "kernelbench")
+    changed = Trial(1, "random", mutated=[0], comparison=passed.comparison)
+    assert verdict.trial_settles(changed, "hardened") and not verdict.trial_settles(changed, "kernelbench")
+    assert not verdict.trial_settles(Trial(2, "signed", skipped="reference output not finite"), "hardened")
 
 
 # ---------------------------------------------------------------- comparisons and the probe
