@@ -31,7 +31,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 from verify_cuda_solutions import solution  # noqa: E402
 
 from concur import contracts  # noqa: E402
-from concur.verify import api, compile_frame, normalize_settings, verify_frame  # noqa: E402
+from concur.verify import api, compile_frame, normalize_settings, orchestrate, verify_frame  # noqa: E402
 
 TASKS = {"relu_add": "task_relu_add.py", "gemm_bias_relu": "task_gemm_bias_relu.py"}
 MIX = [
@@ -110,6 +110,13 @@ def main() -> None:
         help="verify each built candidate this many times (new ids, cached build): the GPU side in "
         "steady state rather than one round of children",
     )
+    parser.add_argument(
+        "--doorbell",
+        default="on",
+        choices=["on", "off", "both"],
+        help="timed steps signalled on the shared-memory doorbell (on), on the socket alone (off), or the repeats "
+        "run both ways side by side (what the doorbell gains)",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--work", type=Path, help="work folder (build cache included); default: a fresh temporary one")
     args = parser.parse_args()
@@ -141,7 +148,13 @@ def main() -> None:
     api.TRACE_SINK = None
 
     print(verdicts[["candidate_id", "status", "speedup", "compile_s", "eval_s", "reason"]].to_string(max_colwidth=60))
-    spread = {v: repeat_speedups(v, candidates, builds, tasks, settings, work, args.repeats) for v in args.cv_variants}
+    spread = {}
+    for bell in {"on": [True], "off": [False], "both": [True, False]}[args.doorbell]:
+        orchestrate.DOORBELL = bell  # the referees start again with it (their pool's key holds it)
+        for v in args.cv_variants:
+            label = v if args.doorbell != "both" else f"{v}, doorbell {'on' if bell else 'off'}"
+            spread[label] = repeat_speedups(v, candidates, builds, tasks, settings, work, args.repeats)
+    orchestrate.DOORBELL = True
     for variant, found in spread.items():
         print(f"repeats of {variant}:")
         print(pd.DataFrame(found["repeats"]).drop(columns=["per_call_ms", "batch_ms", *PATHS]).to_string())
@@ -211,6 +224,11 @@ def main() -> None:
         means = [f"{found['referee_speedup_mean']:.3f}"]
         means += [f"{found['own_clock'][c]['mean']:.3f}" for c in ("wall_ms", "events_ms") if c in found["own_clock"]]
         rows.append(("  mean speedup: referee / own wall / events", " / ".join(means), ""))
+        trips = [r["round_trip_ms"] for r in found["repeats"] if r.get("round_trip_ms") is not None]
+        jobs = [r["job_s"] for r in found["repeats"] if r.get("job_s") is not None]
+        if trips and jobs:
+            rows.append(("  round trip ms / job s, medians", f"{statistics.median(trips):.4f} / "
+                         f"{statistics.median(jobs):.2f}", ""))  # fmt: skip
     for name, value, target in rows:
         print(f"{name:<44}{value:>12}{target:>10}")
     print("where a candidate's GPU time goes (median s):", json.dumps({k: round(v, 3) for k, v in stages.items()}))
@@ -224,7 +242,9 @@ def repeat_speedups(variant, candidates, builds, tasks, settings, work, repeats)
     own_speedups: dict[str, list[float]] = {"events_ms": [], "wall_ms": []}
     for r in range(repeats):
         traced: list[dict] = []
-        api.TRACE_SINK = lambda candidate_id, report, into=traced: into.append(timing_view(report))
+        api.TRACE_SINK = lambda candidate_id, report, into=traced: into.append(
+            {**timing_view(report), "gpu_s": report.gpu_s}
+        )
         row = verify_frame(one, tasks, settings, work / f"repeat-{variant}-{r}", progress=False, builds=builds).iloc[0]
         api.TRACE_SINK = None
         speedups.append(float(row["speedup"]))  # hardened: of the quickest batches; kernelbench: of means
@@ -250,6 +270,8 @@ def repeat_speedups(variant, candidates, builds, tasks, settings, work, repeats)
                 "batch_ms": timed.get("batch_ms"),
                 **{key: path_medians(timed, key) for key in PATHS},
                 "rung": rung_share(timed),
+                "round_trip_ms": timed.get("batch_ms", {}).get("overhead"),
+                "job_s": traced[0]["gpu_s"] if traced else None,
             }
         )
     return {

@@ -371,6 +371,33 @@ def test_batches_longer_than_the_spin_are_timed_as_long_as_they_run(tmp_path):
         assert 290.0 < times.best_ms <= times.median_ms < 400.0, times
 
 
+def test_the_doorbell_can_be_left_out_and_the_socket_times_alone(tmp_path):
+    """The timed steps are signalled on the shared-memory doorbell; with it left out (benchmarks compare the two:
+    orchestrate.DOORBELL) the socket alone carries them and the same job is timed and judged, no step rung."""
+    from concur.verify import api, orchestrate
+
+    mine = sorted(os.sched_getaffinity(0))
+    settings = normalize_settings(
+        {"device": "cpu", "mode": "hardened", "timeout_s": 300, "workers": 1, "correctness_trials": 1,
+         "signed_trials": 0, "warmup": 1, "timing_min_s": 0.05, "build_cache": str(tmp_path / "cache")}
+    )  # fmt: skip
+    program = _signed_program("x * 2", "torch.rand(4096)")
+    job = {"candidate_id": "scale", "task_id": "scale", "reference": program, "trace": True,
+           "solution": program.replace("class Model", "class ModelNew"), "build_dir": None, "kernels": None,
+           "settings": api.job_settings(settings)}  # fmt: skip
+    rung = {}
+    for bell in (True, False):
+        referee = orchestrate.RefereeHandle("cpu", None, tmp_path / "cache", 1, 1, True, False, (mine * 4)[:4], bell)
+        try:
+            report = referee.evaluate(job, 300)
+        finally:
+            referee.close()
+        assert report.timing is not None and report.timed.calls > 0 and not report.timed.mismatch, report
+        own = report.trace["batch_ms"]["own_clock"]["new"]
+        rung[bell] = [all(b["rung"].values()) for b in own]
+    assert any(rung[True]) and not any(rung[False]), rung  # on: a batch past the spin is answered on the socket
+
+
 def _signed_program(body: str, draw: str) -> str:
     return (
         "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"

@@ -30,6 +30,7 @@ from concur.verify.verdict import before_run
 
 log = logging.getLogger("concur.verify")
 REFEREE_START_S = 600.0
+DOORBELL = True  # timed steps signalled on a shared-memory doorbell; False: the socket alone (benchmarks compare)
 
 
 @dataclass
@@ -168,8 +169,9 @@ class RefereeHandle:
         confine: bool,
         profiler: bool,
         cpus: list[int] | None,
+        doorbell: bool = True,
     ):
-        self.args = (device, gpu, cache_root, threads, workers, confine, profiler, cpus)
+        self.args = (device, gpu, cache_root, threads, workers, confine, profiler, cpus, doorbell)
         self.root = Path(tempfile.mkdtemp(prefix="concur-referee-"))
         self.log = self.root / "referee.log"
         env = trusted_env()
@@ -187,6 +189,7 @@ class RefereeHandle:
                     "confine": confine,
                     "profiler": profiler,
                     "cpus": cpus,
+                    "doorbell": doorbell,
                 }
             )
             reply, _ = self.channel.recv(timeout=REFEREE_START_S)
@@ -244,6 +247,7 @@ def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
     confine = settings["sandbox"] != "off"
     profiler = settings["device"] == "cuda" and modes.of(settings).profile
     key = (settings["device"], tuple(str(s) for s in slots), str(cache_root), threads, workers, confine, profiler)
+    key += (DOORBELL,)
     with _LOCK:
         if _POOL is not None and _POOL[0] == key and all(h.proc.poll() is None for h in _POOL[1]):
             return _POOL[1]
@@ -252,7 +256,7 @@ def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
             handles = list(
                 pool.map(
                     lambda slot: RefereeHandle(
-                        settings["device"], slot[0], cache_root, threads, workers, confine, profiler, slot[1]
+                        settings["device"], slot[0], cache_root, threads, workers, confine, profiler, slot[1], DOORBELL
                     ),
                     zip(slots, cpus),
                 )

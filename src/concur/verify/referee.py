@@ -52,6 +52,7 @@ class Referee:
         if self.active:  # this process and the contestant being judged never share cores with starting ones
             os.sched_setaffinity(0, self.active)
         self.cores, self.nice = os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0)
+        self.doorbell = bool(hello.get("doorbell", True))  # off: timed steps on the socket alone (benchmarks)
         self.profiler = bool(hello.get("profiler", False))  # hardened jobs on CUDA profile their candidates
         # every contestant profiles (hardened): the profiler's imports are made once, in the zygote
         zygote_env = {
@@ -106,6 +107,7 @@ class Referee:
             max_processes,
             self.profiler,
             SPIN_S if self.active else 0.0,
+            self.doorbell,
         )
 
     def refill(self, memory_mb: int = 16384, max_processes: int = 64) -> None:

@@ -73,9 +73,10 @@ class Runner:
         max_processes: int,
         profiler: bool = False,
         spin_s: float = 0.0,
+        doorbell: bool = True,
     ):
         self.zygote, self.folder, self.device = zygote, folder, device
-        self.spin_s = spin_s
+        self.spin_s, self.doorbell = spin_s, doorbell
         self.fastest: dict[tuple[int, int], float] = {}  # per timed step and size, its quickest answer
         (folder / "tmp").mkdir(parents=True, exist_ok=True)
         self.memory_kb, self.max_processes = memory_mb * 1024, max_processes
@@ -106,7 +107,7 @@ class Runner:
                 raise RunnerFailed("crash", "start", reply.get("error", "contestant did not start"))
             self.sandbox = reply["sandbox"]
             self.startup_s = float(reply.get("startup_s") or 0.0)
-            if self.spin_s > 0:  # the timed steps are signalled on a doorbell both ends spin on
+            if self.spin_s > 0 and self.doorbell:  # the timed steps are signalled on a doorbell both ends spin on
                 bell = doorbell.Bell()
                 if self.ask({"op": "bell"}, "start", 60.0, [bell.fd]).get("ok"):
                     self.bell = bell
