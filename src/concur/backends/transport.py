@@ -12,6 +12,8 @@ import time
 import urllib.error
 import urllib.request
 
+from concur.text import one_line
+
 log = logging.getLogger(__name__)
 
 RETRY_STATUS = {408, 409, 429}  # and every 5xx
@@ -148,10 +150,6 @@ def error_detail(err: urllib.error.HTTPError) -> str:
 def describe(err: BaseException) -> str:
     reason = err.reason if isinstance(err, urllib.error.URLError) else str(err)
     return one_line(f"{type(err).__name__}: {reason}" if str(reason) else type(err).__name__)
-
-
-def one_line(text: str) -> str:
-    return " ".join(str(text).split())
 
 
 def retry_after(headers) -> float | None:

@@ -16,7 +16,7 @@ class TaskError(ValueError):
     """A task program or manifest is malformed; the message names the file."""
 
 
-def one_line(err: BaseException) -> str:
+def error_line(err: BaseException) -> str:
     """An error as one line for a report: a TaskError's own message, else the exception type and first line."""
     text = str(err).strip().splitlines()
     if isinstance(err, TaskError):

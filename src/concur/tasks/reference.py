@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..logs import Progress
-from .programs import REQUIRED_NAMES, one_line
+from .programs import REQUIRED_NAMES, error_line
 
 log = logging.getLogger("concur.tasks")
 _SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
@@ -198,7 +198,7 @@ def _child(job: dict, write_fd: int) -> None:
             os.dup2(devnull, fd)
         verdict = _run_reference(job["code"], job["max_input_mb"], job["max_gflop"])
     except BaseException as err:  # the program may raise anything, SystemExit included
-        verdict = {"status": "rejected", "reason": one_line(err)}
+        verdict = {"status": "rejected", "reason": error_line(err)}
     try:
         os.write(write_fd, json.dumps(verdict).encode())
     finally:
@@ -230,7 +230,7 @@ def _run_reference(code: str, max_input_mb: float, max_gflop: float) -> dict:
         return {"status": "too_large", "reason": "ran out of memory on the CPU"}
     except RuntimeError as err:
         if "alloc" in str(err) and "memory" in str(err):
-            return {"status": "too_large", "reason": f"ran out of memory on the CPU: {one_line(err)}"}
+            return {"status": "too_large", "reason": f"ran out of memory on the CPU: {error_line(err)}"}
         raise
     return {"status": "ok", "reason": ""}
 

@@ -14,7 +14,7 @@ import yaml
 from .. import contracts
 from ..contracts import SPLITS, require_columns
 from .kernelbook import adapt_kernelbook
-from .programs import TaskError, categorise, check_program, count_ops, one_line
+from .programs import TaskError, categorise, check_program, count_ops, error_line
 
 DEFAULT_SPLIT = {"builtin": None, "kernelbook": "train", "kernelbench": "eval", "folder": "train"}
 LEVEL_OF_CATEGORY = {"single_op": 1, "fused": 2, "model": 3}
@@ -189,7 +189,7 @@ def _add_program(rows: list, rejected: list, read_code, *, task_id, split, suite
         check_program(code, "program")
         category, n_ops = categorise(code)
     except Exception as err:  # any malformed program is a rejection, never a crash
-        rejected.append({"task_id": task_id, "source": suite, "origin": origin, "reason": one_line(err)})
+        rejected.append({"task_id": task_id, "source": suite, "origin": origin, "reason": error_line(err)})
         return
     rows.append(
         {
@@ -278,7 +278,7 @@ def _read_table_file(path: Path) -> pd.DataFrame:
         except ValueError:
             return pd.read_json(path, lines=True, dtype=False)
     except (OSError, ValueError) as err:
-        raise TaskError(f"{path}: cannot read this table: {one_line(err)}") from None
+        raise TaskError(f"{path}: cannot read this table: {error_line(err)}") from None
 
 
 def _load_from_hub(hub_id: str, revision: str | None) -> pd.DataFrame:
@@ -294,7 +294,7 @@ def _load_from_hub(hub_id: str, revision: str | None) -> pd.DataFrame:
         loaded = datasets.load_dataset(hub_id, revision=revision)
     except Exception as err:  # offline, unknown id, gated: all end the same way for us
         raise TaskError(
-            f"{hub_id}: no such local path, and the Hugging Face hub could not provide it: {one_line(err)}"
+            f"{hub_id}: no such local path, and the Hugging Face hub could not provide it: {error_line(err)}"
         ) from None
     return pd.concat([split.to_pandas() for split in loaded.values()], ignore_index=True)
 

@@ -21,6 +21,8 @@ import traceback
 import types
 from pathlib import Path
 
+from concur.text import describe, one_line
+
 BUILT_MARKER = ".concur-built"
 MODEL_SEED = 42  # the seed contestants make both models under (concur.verify.reference.SEED)
 LIGHT_ENV = "CONCUR_LIGHT_CUDA_HEADERS"  # verify.light_cuda_headers, for the builder child
@@ -36,16 +38,6 @@ def lighter(sources):
     if light == items:
         return None
     return light[0] if isinstance(sources, str) else light
-
-
-def one_line(text, limit: int = 300) -> str:
-    """`text` on one line (whitespace runs made one space; None as empty), cut to `limit` characters."""
-    line = " ".join(str(text or "").split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def describe(err: BaseException) -> str:
-    return one_line(f"{type(err).__name__}: {err}")
 
 
 def first_error_line(message: str) -> str:

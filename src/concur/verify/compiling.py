@@ -202,7 +202,7 @@ def stopped_row(err: procs.Stopped, settings: dict, key: str) -> dict:
 
 
 def classify(facts: dict, key: str) -> dict:
-    from concur.verify.build import one_line
+    from concur.text import one_line
 
     seconds = float(facts.get("seconds") or 0.0)
     if facts.get("build_error") or facts.get("syntax_error"):

@@ -16,8 +16,9 @@ import os
 import time
 import traceback
 
+from concur.text import describe, one_line
 from concur.verify import doorbell, exchange, sandbox
-from concur.verify.build import ExtensionLoader, describe, exec_program, one_line
+from concur.verify.build import ExtensionLoader, exec_program
 
 L2_THRASH_BYTES = 256 << 20  # KernelBench's cold-cache fill before each timed trial
 

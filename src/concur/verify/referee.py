@@ -23,8 +23,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+from concur.text import describe
 from concur.verify import doorbell, exchange, procs, sandbox
-from concur.verify.build import describe
 from concur.verify.reference import CallFailed
 from concur.verify.report import Failure, Report
 from concur.verify.runner import Runner

@@ -14,8 +14,9 @@ import time
 from typing import TYPE_CHECKING
 
 from concur import contracts
+from concur.text import describe
 from concur.verify import comparisons, doorbell, exchange, modes, procs, timing
-from concur.verify.build import describe, exec_program
+from concur.verify.build import exec_program
 from concur.verify.report import Baseline
 from concur.verify.runner import RunnerFailed
 

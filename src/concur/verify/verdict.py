@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from concur import contracts
+from concur.text import one_line
 from concur.verify import modes, timing
-from concur.verify.build import one_line
 from concur.verify.report import Baseline, Precision, Report, Times, Trial
 from concur.verify.screen import screen
 
