@@ -19,7 +19,6 @@ from concur.verify.settings import BUILD, PROBE, REFEREE, VerifySettings
 from concur.verify.verdict import before_run, blank, decide, mark_task_trust
 
 log = logging.getLogger("concur.verify")
-VERDICT_FIELDS = [c for c in contracts.VERDICTS if c not in ("candidate_id", "task_id")]
 TRACE_SINK = None  # when set, jobs are traced and it is called with (candidate_id, report) for each (benchmarks)
 Settings = VerifySettings | dict | None  # a dict: some keys of the `verify` section, the schema's defaults for the rest
 

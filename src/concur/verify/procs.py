@@ -109,15 +109,6 @@ def _plain(value):
     return str(value)
 
 
-def request(channel: Channel, message: dict, timeout: float | None, fds: list[int] = ()) -> dict:
-    """Send a command and wait for its reply."""
-    channel.send(message, fds)
-    reply, extra = channel.recv(timeout)
-    for fd in extra:
-        os.close(fd)
-    return reply
-
-
 # ---------------------------------------------------------------- the requester's end of a zygote
 
 
