@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from concur.verify import comparisons, exchange, measure, modes, timing
@@ -43,6 +44,26 @@ if TYPE_CHECKING:
 KEEP_PREVIOUS_BYTES = 1 << 30  # the previous trial's reference output is kept (for `other_inputs`) up to this size
 
 
+@dataclass
+class Bout:
+    """One candidate's job on the referee, from its contestant's start to its end: what each of its steps reads."""
+
+    referee: Referee
+    task: TaskState
+    candidate: Runner
+    job: dict  # the orchestrator's payload: settings, solution, build_dir, own kernels, trace
+    report: Report  # filled as the steps go
+    deadline: float  # time.monotonic() at which the candidate's `timeout_s` runs out
+
+    @property
+    def settings(self) -> dict:
+        return self.job["settings"]
+
+    def limit(self, seconds: float) -> float:
+        """A step's timeout: `seconds`, within the candidate's budget."""
+        return limit(self.deadline, seconds)
+
+
 def evaluate(referee: Referee, job: dict) -> Report:
     settings = job["settings"]
     start = time.perf_counter()
@@ -66,15 +87,15 @@ def evaluate(referee: Referee, job: dict) -> Report:
         with stages("start"):
             candidate = referee.take(memory_mb, int(settings["max_processes"]))
         facts.sandbox = candidate.sandbox or ""
-        deadline = time.monotonic() + float(settings["timeout_s"])
+        bout = Bout(referee, task, candidate, job, facts, time.monotonic() + float(settings["timeout_s"]))
         with stages("load"):
-            loaded = load_candidate(referee, task, candidate, job, facts, deadline)
+            loaded = load_candidate(bout)
         if loaded:
             with stages("correctness"):
-                passed = run_trials(referee, task, candidate, settings, facts, deadline, stages.into)
+                passed = run_trials(bout, stages.into)
             if passed:
                 with stages("timing"):
-                    measure.time_candidate(referee, task, candidate, job, facts, plan, deadline)
+                    measure.time_candidate(bout, plan)
                 facts.floor_ms, facts.ref_hotspots = task.floor_ms, task.hotspots
     except ReferenceFailed as err:
         facts.reference_error = str(err)
@@ -109,12 +130,13 @@ class Stages:
             self.into[name] = self.into.get(name, 0.0) + time.perf_counter() - begin
 
 
-def load_candidate(referee: Referee, task: TaskState, candidate: Runner, job, facts: Report, deadline) -> bool:
+def load_candidate(bout: Bout) -> bool:
+    referee, task, candidate, job, facts = bout.referee, bout.task, bout.candidate, bout.job, bout.report
     program = candidate.folder / "solution.py"
     program.write_text(job["solution"])
     init = referee.stage(candidate, [task.init], "load")[0] if task.init else []
     message = load_message(job["settings"], "candidate", "ModelNew", program, init, job.get("build_dir"))
-    reply = candidate.ask(message, "load", limit(deadline, LOAD_FLOOR_S))
+    reply = candidate.ask(message, "load", bout.limit(LOAD_FLOOR_S))
     facts.load = Load(
         ok=bool(reply.get("ok")),
         has_class=bool(reply.get("has_class")),
@@ -158,12 +180,11 @@ def trial_plan(settings: dict) -> list[tuple[int, int, str]]:
     return plan + [(n + i + 1, secrets.randbits(62), "signed") for i in range(signed)]
 
 
-def run_trials(
-    referee: Referee, task: TaskState, candidate: Runner, settings, facts: Report, deadline, stage_s: dict
-) -> bool:
+def run_trials(bout: Bout, stage_s: dict) -> bool:
     """Reference then candidate on the same fresh inputs, trial by trial; stops at the first trial that settles the
     verdict (concur.verify.verdict.trial_settles). The task's degenerate probe rides along on the reference's
     outputs (finished on the reference alone if the candidate fails early), once per task."""
+    referee, task, candidate, settings, facts = bout.referee, bout.task, bout.candidate, bout.settings, bout.report
     torch, mode = referee.torch, modes.of(settings)
     plan, probe, calls, passed, done = trial_plan(settings), Probe(task, settings), 0, True, 0
     with contextlib.ExitStack() as stack:  # the pool stopped, once the calls are long (timing.slower_by_calls)
@@ -184,7 +205,7 @@ def run_trials(
             reply = candidate.ask(
                 {"op": "call", "calls": [{"args": specs, "seed": seed}], "profile": profiled},
                 "correctness",
-                limit(deadline, call_timeout(task, 1, first=first) + (PROFILE_EXTRA_S if profiled else 0.0)),
+                bout.limit(call_timeout(task, 1, first=first) + (PROFILE_EXTRA_S if profiled else 0.0)),
                 after_launch=call_timeout(task, 1) if first else None,
             )
             seconds = time.perf_counter() - begin
@@ -208,7 +229,7 @@ def run_trials(
             if trial.comparison is not None:  # not laid out as the reference's outputs: nothing to hand off
                 passed = False
                 break
-            outputs, _ = referee.handoff(candidate, [metas], "correctness", limit(deadline, call_timeout(task, 1)))
+            outputs, _ = referee.handoff(candidate, [metas], "correctness", bout.limit(call_timeout(task, 1)))
             trial.comparison = comparisons.compare(
                 outputs[0], ref, settings, strict_finite=mode.strict_finite, leaf_scale=kind == "signed"
             )

@@ -24,9 +24,10 @@ from concur.verify.reference import (
     reference_side,
     timed_round,
 )
-from concur.verify.report import Profile, Report, State, Timed, Times, Timing, Trial
+from concur.verify.report import Profile, State, Timed, Times, Timing, Trial
 
 if TYPE_CHECKING:
+    from concur.verify.evaluation import Bout
     from concur.verify.referee import Referee
     from concur.verify.runner import Runner
 
@@ -281,13 +282,16 @@ def reference_summary(task, plan: dict) -> Times:
     return timing.summary(plan["per_call"], plan["charged"], plan["calls"], timing.resolvable_ms(task.jitter_ms))
 
 
-def time_candidate(referee: Referee, task: TaskState, candidate: Runner, job, facts: Report, plan, deadline) -> None:
+def time_candidate(bout: Bout, plan: dict) -> None:
+    """The candidate replays the reference's timed batches (`plan`: time_reference), every call checked, then is
+    inspected (kernelbench mode: KernelBench's timing instead)."""
+    referee, task, candidate, job, facts = bout.referee, bout.task, bout.candidate, bout.job, bout.report
     settings = job["settings"]
     if not modes.of(settings).batches:
-        return time_kernelbench(referee, task, candidate, settings, facts, deadline)
+        return time_kernelbench(bout)
     torch = referee.torch
     calls = plan["calls"]
-    ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, limit(deadline, t), spin=spin)  # noqa: E731
+    ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, bout.limit(t), spin=spin)  # noqa: E731
     forward, stages, handoffs, prepares, cpu_s, own = [], [], [], [], [], []
     billed: list[float] = []  # forward's batches per call, charged (charged below)
     timed = Timed()
@@ -301,23 +305,23 @@ def time_candidate(referee: Referee, task: TaskState, candidate: Runner, job, fa
         facts.timing = Timing(reference, new, calls_per_batch=1, settled_by="correctness calls")
         if job.get("trace"):
             facts.trace["per_call_ms"] = {"ref": plan["per_call"], "new": steady}
-        return inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
+        return inspect(bout)
     # drawn in secret before any batch runs: the timed call checked whole (the last batch's, if timing stops
     # first), and the batch before which one more call like them is profiled (after the last, if timing stops first)
     whole_at, whole, last = (secrets.randbelow(len(plan["batches"])), secrets.randbelow(calls)), None, None
     profile_at = secrets.randbelow(len(plan["batches"]))
     with referee.quiet():
         if not timing.warm_already(facts.call_s, float(settings["timing_min_s"])):
-            warm_up(referee, task, candidate, calls, settings, ask, deadline)
+            warm_up(referee, task, candidate, calls, settings, ask, bout.deadline)
         batches = zip(plan["batches"], plan["samples"], plan["samplers"], plan["drawn"])
         for number, (seeds, samples, sampler, draws) in enumerate(batches):
             if number == profile_at:
                 timed.profiled = True
-                timed.mismatch = profile_timed(referee, task, candidate, settings, facts, deadline)
+                timed.mismatch = profile_timed(bout)
                 if timed.mismatch:
                     break
             kinds = [d.kind for d in draws]
-            batch = timed_batch(referee, task, candidate, seeds, ask, deadline, sampler.read, kinds)
+            batch = timed_batch(referee, task, candidate, seeds, ask, bout.deadline, sampler.read, kinds)
             outputs = batch["outputs"]
             if outputs is None:
                 at, mismatch = comparisons.batch_structure(batch["metas"], task.meta, calls)
@@ -356,10 +360,10 @@ def time_candidate(referee: Referee, task: TaskState, candidate: Runner, job, fa
         number, seeds, batch = last
         whole = whole_call(torch, number, calls, whole_at[1], seeds, batch, copy=False)
     if whole is not None and not timed.mismatch:
-        timed.mismatch = check_whole(referee, task, settings, facts, *whole)
+        timed.mismatch = check_whole(bout, *whole)
     if not timed.profiled and last is not None and not timed.mismatch:  # after the whole check: the last batch's
         timed.profiled = True  # outputs are checked in place
-        timed.mismatch = profile_timed(referee, task, candidate, settings, facts, deadline)
+        timed.mismatch = profile_timed(bout)
     facts.timed = timed
     if forward:
         per_call = timing.per_call_times(forward, task.overhead_ms, calls)
@@ -382,7 +386,7 @@ def time_candidate(referee: Referee, task: TaskState, candidate: Runner, job, fa
                 "overhead": task.overhead_ms,
                 "own_clock": {"ref": plan["own_clock"], "new": own},
             }
-    inspect(referee, task, candidate, facts, deadline, job.get("kernels"))
+    inspect(bout)
 
 
 def charged(forward: list[float], stages: list[float], handoffs: list[float], plan: dict, overhead_ms: float):
@@ -399,8 +403,7 @@ def whole_call(torch, number: int, calls: int, i: int, seeds: list, batch: dict,
     return f"call {number * calls + i + 1}", seeds[i], batch["values"][i], outputs, batch["kinds"][i]
 
 
-def check_whole(referee: Referee, task: TaskState, settings, facts: Report, where: str, seed: int, values: list,
-                outputs: list, kind: str, precise: bool = True) -> str:  # fmt: skip
+def check_whole(bout: Bout, where: str, seed: int, values: list, outputs: list, kind: str, precise: bool = True) -> str:
     """One timed call, drawn in secret, checked as a correctness trial of its kind is: every element against the
     reference's outputs on its inputs (none where a signed draw leaves those not finite), and the errors of both
     against the reference run in float64 (`precise`: the report's precision_timed; verdict.precision_flag reads the
@@ -409,6 +412,7 @@ def check_whole(referee: Referee, task: TaskState, settings, facts: Report, wher
     none)."""
     from concur.verify.evaluation import precision, reference_outputs
 
+    referee, task, settings = bout.referee, bout.task, bout.settings
     ref = reference_outputs(referee, task, values, seed)
     peaks = comparisons.leaf_peaks(ref) if kind == "signed" else None
     if kind == "signed" and peaks is None:
@@ -417,27 +421,28 @@ def check_whole(referee: Referee, task: TaskState, settings, facts: Report, wher
     if not found.passes():
         return f"{where}: {found.failure()}"
     if precise:
-        facts.precision_timed = precision(referee, task, values, ref, outputs, seed)
+        bout.report.precision_timed = precision(referee, task, values, ref, outputs, seed)
     return ""
 
 
-def profile_timed(referee: Referee, task: TaskState, candidate: Runner, settings, facts: Report, deadline) -> str:
+def profile_timed(bout: Bout) -> str:
     """One more call, drawn as the timed calls are and made at a secret point among the timed batches, under the
     profiler as the first correctness call is (the report's `profiled`: the names of what it ran), its outputs
     checked whole: a candidate that launches its own kernels only on its first call is seen launching others here.
     Returns the mismatch."""
-    kind, seed = draw_kinds(1, settings, task)[0], secrets.randbits(62)
+    referee, task, candidate = bout.referee, bout.task, bout.candidate
+    kind, seed = draw_kinds(1, bout.settings, task)[0], secrets.randbits(62)
     values = referee.draw(task, seed, kind)
     specs = referee.stage(candidate, [values], "profile")[0]
     message = {"op": "call", "calls": [{"args": specs, "seed": seed}], "profile": True}
-    reply = answered(candidate.ask(message, "profile", limit(deadline, call_timeout(task, 1) + PROFILE_EXTRA_S)))
-    facts.profiled.append(reply.get("names"))
+    reply = answered(candidate.ask(message, "profile", bout.limit(call_timeout(task, 1) + PROFILE_EXTRA_S)))
+    bout.report.profiled.append(reply.get("names"))
     metas = reply["outs"][0]
     mismatch = comparisons.structure(metas, task.meta)
     if mismatch:
         return f"the profiled call: {mismatch.failure()}"
-    outputs, _ = referee.handoff(candidate, [metas], "profile", limit(deadline, call_timeout(task, 1)))
-    return check_whole(referee, task, settings, facts, "the profiled call", seed, values, outputs[0], kind, False)
+    outputs, _ = referee.handoff(candidate, [metas], "profile", bout.limit(call_timeout(task, 1)))
+    return check_whole(bout, "the profiled call", seed, values, outputs[0], kind, False)
 
 
 def sample_mismatch(torch, picked: list, leaves: list, kept: list, settings: dict, peaks=None) -> str | None:
@@ -455,29 +460,32 @@ def sample_mismatch(torch, picked: list, leaves: list, kept: list, settings: dic
     return None
 
 
-def time_kernelbench(referee: Referee, task: TaskState, candidate: Runner, settings, facts: Report, deadline) -> None:
+def time_kernelbench(bout: Bout) -> None:
+    """KernelBench's timing of the candidate, in its process, on the seed-42 inputs (the reference's: once per
+    task)."""
+    referee, task, candidate, settings, facts = bout.referee, bout.task, bout.candidate, bout.settings, bout.report
     values = referee.draw(task, SEED, "random")
     specs = referee.stage(candidate, [values], "timing")[0]
     trials = int(settings["timing_trials"]) + 1 + int(settings["warmup"])
     with referee.quiet():
-        reply = candidate.ask(kb_time_message(specs, settings), "timing", limit(deadline, call_timeout(task, trials)))
+        reply = candidate.ask(kb_time_message(specs, settings), "timing", bout.limit(call_timeout(task, trials)))
     if not reply.get("ok"):
         facts.trials.append(Trial(len(facts.trials) + 1, "timing", error=str(reply.get("error"))))
         return
     facts.timing = Timing(timing.kernelbench_summary(task.kb_times), timing.kernelbench_summary(reply["times_ms"]))
 
 
-def inspect(
-    referee: Referee, task: TaskState, candidate: Runner, facts: Report, deadline, own_kernels: list[str] | None
-) -> None:
+def inspect(bout: Bout) -> None:
     """What ran in the candidate's forward (profiler: its first correctness call and a timed one, else one call
     more: `names` all they ran, `launched_own` its own kernels launched on every profiled call) and the state it
     left (backend flags, harness functions)."""
+    referee, task, candidate, facts = bout.referee, bout.task, bout.candidate, bout.report
+    own_kernels = bout.job.get("kernels")  # the build's, less the library's (None: not known)
     profiled, facts.profiled = [n for n in facts.profiled if n is not None], []
     if not profiled:
         values = referee.draw(task, secrets.randbits(62), "random")
         specs = referee.stage(candidate, [values], "profile")[0]
-        timeout = limit(deadline, call_timeout(task, 1) + PROFILE_EXTRA_S)
+        timeout = bout.limit(call_timeout(task, 1) + PROFILE_EXTRA_S)
         reply = candidate.ask({"op": "profile", "args": specs}, "profile", timeout)
         profiled = [reply["names"]] if reply.get("ok") and reply.get("names") is not None else []
     own = None if own_kernels is None else set(own_kernels) - set(task.profile or {})
@@ -487,7 +495,7 @@ def inspect(
             names[name] = names.get(name, 0) + count
     launched = set.intersection(*(set(found) & (own or set()) for found in profiled)) if profiled else set()
     facts.profile = Profile(referee.device, names, task.profile, None if own is None else sorted(own), sorted(launched))
-    state = candidate.ask({"op": "state"}, "profile", limit(deadline, 30.0))
+    state = candidate.ask({"op": "state"}, "profile", bout.limit(30.0))
     backend = state.get("backend") or {}
     expected = {**EXPECTED_BACKEND, "num_threads": referee.threads}
     facts.state = State(
