@@ -110,6 +110,19 @@ def test_flags_name_what_a_person_should_look_at():
     assert honest == []
 
 
+def test_what_needs_no_process_is_decided_before_any_runs():
+    """No code, the static screen (hardened only: a pure-PyTorch ModelNew is KernelBench's to run), and a build
+    that ended the job decide the verdict before a referee sees the candidate; a build that succeeded does not."""
+    torch_only = "import torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
+    hardened, kernelbench = {"mode": "hardened"}, {"mode": "kernelbench"}
+    assert verdict.before_run("  \n", None, kernelbench) == ("no_code", "no code block in the answer")
+    assert verdict.before_run(torch_only, None, hardened) == ("rejected", "screen:no_custom_kernel")
+    assert verdict.before_run(torch_only, None, kernelbench) is None
+    failed = {"status": "compile_error", "reason": 'cuda.cu(3): error: expected a ";"'}
+    assert verdict.before_run(torch_only, failed, kernelbench) == ("compile_error", failed["reason"])
+    assert verdict.before_run(torch_only, {"status": "built", "reason": ""}, kernelbench) is None
+
+
 def test_a_report_crosses_as_json_and_comes_back_whole():
     """The referee sends its report as JSON on its socket: every nested type, NaN and infinite values included,
     comes back as it was; a report of a job that stopped early keeps the defaults of what it never reached."""
