@@ -234,9 +234,9 @@ def run_jobs(
 
         def done(payload: dict, report: Report) -> None:
             job = by_id[payload["candidate_id"]]
-            job_settings_ = {**settings, "precision": payload["settings"]["precision"]}
+            in_precision = {**settings, "precision": payload["settings"]["precision"]}
             compile_s = (job.build or {}).get("compile_s") or 0.0
-            verdicts[job.index] = decide(report, job_settings_, job.solution, compile_s, label)
+            verdicts[job.index] = decide(report, in_precision, job.solution, compile_s, label)
             report_baselines(job.task_id, report, reported)
             if TRACE_SINK is not None:
                 TRACE_SINK(job.candidate_id, report)

@@ -26,8 +26,32 @@ class Mode:
 
 
 MODES = {
-    "hardened": Mode("hardened", True, True, True, True, True, True, False, True, True, "best_ms"),
-    "kernelbench": Mode("kernelbench", False, False, False, False, False, False, True, False, False, "mean_ms"),
+    "hardened": Mode(
+        "hardened",
+        secret_seeds=True,
+        signed=True,
+        strict_finite=True,
+        batches=True,
+        profile=True,
+        fixed_backend=True,
+        cast_float32=False,
+        screen=True,
+        strict_checks=True,
+        speedup_stat="best_ms",
+    ),
+    "kernelbench": Mode(
+        "kernelbench",
+        secret_seeds=False,
+        signed=False,
+        strict_finite=False,
+        batches=False,
+        profile=False,
+        fixed_backend=False,
+        cast_float32=True,
+        screen=False,
+        strict_checks=False,
+        speedup_stat="mean_ms",
+    ),
 }
 
 

@@ -272,12 +272,15 @@ CHECKS = [
 TRIAL_CHECKS = ("trial_error", "output_type", "input_mutation", "trials")  # decided by one trial alone
 
 
+def applying(mode: str) -> list[Check]:
+    """The checks `mode` applies, in order: the hardened-only ones where its checks are strict."""
+    strict = modes.MODES[mode].strict_checks
+    return [check for check in CHECKS if strict or not check.hardened_only]
+
+
 def judge(report: Report, mode: str) -> tuple[str, str]:
     """(status, reason) of a verdict: the first check that fails, else ("correct", "")."""
-    strict = modes.MODES[mode].strict_checks
-    for check in CHECKS:
-        if check.hardened_only and not strict:
-            continue
+    for check in applying(mode):
         reason = check.judge(report)
         if reason:
             return check.status, one_line(reason)
@@ -286,12 +289,8 @@ def judge(report: Report, mode: str) -> tuple[str, str]:
 
 def trial_settles(trial: Trial, mode: str) -> bool:
     """This correctness trial alone already fails the verdict (the referee runs no further trial, nor times it)."""
-    alone, strict = Report(trials=[trial]), modes.MODES[mode].strict_checks
-    return any(
-        check.judge(alone)
-        for check in CHECKS
-        if check.name in TRIAL_CHECKS and not (check.hardened_only and not strict)
-    )
+    alone = Report(trials=[trial])
+    return any(check.judge(alone) for check in applying(mode) if check.name in TRIAL_CHECKS)
 
 
 # ---------------------------------------------------------------- flags
