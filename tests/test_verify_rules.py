@@ -967,3 +967,33 @@ def test_the_referee_sleeps_only_through_the_first_half_of_a_step():
     for quickest in (0.001, 0.002, 0.3):
         idle = doorbell.idle_s(quickest)
         assert 0.0 < idle and idle + doorbell.IDLE_SLACK_S <= 0.5 * quickest + 1e-12
+
+
+def test_referees_take_the_largest_tasks_first_and_a_task_stays_on_one(monkeypatch):
+    """The tail of a verify job is its last task: handed out largest first (the greedy longest-first rule), the
+    referees finish together. Each task's payloads run in a row on one referee, its reference set up once."""
+    from concur.verify import orchestrate
+
+    sizes = {"a": 1, "b": 4, "c": 2, "d": 4, "e": 1}
+    payloads = [{"task_id": t, "candidate_id": f"{t}{i}"} for t, n in sizes.items() for i in range(n)]
+    random.Random(0).shuffle(payloads)
+    groups = orchestrate.task_groups(payloads)
+    assert [len(g) for g in groups] == [4, 4, 2, 1, 1] and all(len({p["task_id"] for p in g}) == 1 for g in groups)
+    assert sorted(p["candidate_id"] for g in groups for p in g) == sorted(p["candidate_id"] for p in payloads)
+
+    ran: list[tuple[int, str]] = []
+
+    def evaluate(handles, slot, payload, timeout):
+        time.sleep(0.01)
+        ran.append((slot, payload["task_id"]))
+        return Report()
+
+    monkeypatch.setattr(orchestrate, "referees", lambda settings, root: [None, None])
+    monkeypatch.setattr(orchestrate, "evaluate_with_retry", evaluate)
+    done = []
+    orchestrate.evaluate_all(payloads, {"timeout_s": 1}, None, False, lambda p, r: done.append(p["candidate_id"]))
+    assert sorted(done) == sorted(p["candidate_id"] for p in payloads)
+    slots = {}
+    for slot, task in ran:
+        assert slots.setdefault(task, slot) == slot, task
+    assert {task for _, task in ran[:2]} == {"b", "d"}  # the two largest, one on each referee

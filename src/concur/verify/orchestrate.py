@@ -281,13 +281,11 @@ def _shutdown() -> None:
 
 
 def evaluate_all(payloads: list[dict], settings: dict, cache_root: Path, progress: bool, on_done) -> None:
-    """Evaluate every payload on the referees: the payloads of one task in a row on one referee."""
+    """Evaluate every payload on the referees: the payloads of one task in a row on one referee (the task's
+    reference is set up once there), the largest tasks first, so that the last ones to finish are short."""
     handles = referees(settings, cache_root)
-    groups: dict[str, list[dict]] = {}
-    for payload in payloads:
-        groups.setdefault(payload["task_id"], []).append(payload)
     work: queue.Queue = queue.Queue()
-    for group in groups.values():
+    for group in task_groups(payloads):
         work.put(group)
     bar = _progress(None, len(payloads), progress, "verify") if progress else None
     timeout = 3 * float(settings["timeout_s"]) + REFEREE_START_S
@@ -310,6 +308,15 @@ def evaluate_all(payloads: list[dict], settings: dict, cache_root: Path, progres
         thread.join()
     if bar is not None:
         bar.close()
+
+
+def task_groups(payloads: list[dict]) -> list[list[dict]]:
+    """The payloads by task, in the order a pool of referees should take them: most candidates first (the greedy
+    longest-first rule; a task's cost is mostly its candidates' fixed trials), ties in the order given."""
+    groups: dict[str, list[dict]] = {}
+    for payload in payloads:
+        groups.setdefault(payload["task_id"], []).append(payload)
+    return sorted(groups.values(), key=len, reverse=True)
 
 
 def evaluate_with_retry(handles: list[RefereeHandle], slot: int, payload: dict, timeout: float) -> Report:
