@@ -28,9 +28,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
+import verify_frames  # noqa: E402
 from verify_cuda_solutions import solution  # noqa: E402
 
-from concur import contracts  # noqa: E402
 from concur.verify import api, compile_frame, normalize_settings, orchestrate, verify_frame  # noqa: E402
 
 TASKS = {"relu_add": "task_relu_add.py", "gemm_bias_relu": "task_gemm_bias_relu.py"}
@@ -48,46 +48,14 @@ def candidates_frame(n: int, also: list[str] = ()) -> pd.DataFrame:
     """n candidates of the mix, then one of each variant in `also` that the mix did not reach (relu_add ones)."""
     mix = [MIX[i % len(MIX)] for i in range(n)]
     mix += [(v, "relu_add") for v in dict.fromkeys(also) if v not in {m for m, _ in mix}]
-    rows = []
-    for i, (variant, task) in enumerate(mix):
-        rows.append(
-            {
-                "candidate_id": f"c{i:03d}-{variant}",
-                "task_id": task,
-                "sample_idx": i,
-                "generator": "bench",
-                "backend": "replay",
-                "prompt": "",
-                "response": "",
-                "reasoning": "",
-                "answer": "",
-                "code": solution(variant, tag=f"_{i}"),
-                "reasoning_tokens": 0,
-                "completion_tokens": 0,
-                "finish_reason": "replay",
-                "seed": 0,
-            }
-        )
-    return contracts.conform(pd.DataFrame(rows), contracts.CANDIDATES)
+    return verify_frames.candidates_frame(
+        [(f"c{i:03d}-{variant}", task, solution(variant, tag=f"_{i}")) for i, (variant, task) in enumerate(mix)]
+    )
 
 
 def tasks_frame() -> pd.DataFrame:
     folder = ROOT / "tests" / "fixtures" / "verify_cuda"
-    rows = [
-        {
-            "task_id": t,
-            "split": "eval",
-            "suite": "bench",
-            "level": 1 if t == "relu_add" else 2,
-            "name": t,
-            "code": (folder / f).read_text(),
-            "category": "fused",
-            "n_ops": 3,
-            "origin": "fixture",
-        }
-        for t, f in TASKS.items()
-    ]
-    return contracts.conform(pd.DataFrame(rows), contracts.TASKS)
+    return verify_frames.tasks_frame([(t, (folder / f).read_text()) for t, f in TASKS.items()])
 
 
 def main() -> None:
