@@ -5,7 +5,9 @@ the kernel called in turn in a plain loop over a pool of input sets larger than 
 cold, as in a timed batch), CUDA events around each loop of at least 20 ms, the quickest loop's time per call over
 `--repeats` loops; its speedup is the ratio of the two, as the verifier's is of its quickest batches (the medians'
 ratio is shown beside it). The verifier's comes from `verify_frame` on the same candidates. The table shows both
-side by side and their ratio (the target: within 10 % on every row).
+side by side and their ratio (the target: within 10 % on every row). `--doorbell both` verifies the candidates with
+the timed steps on the doorbell and on the socket alone, a row each; `--cupti` adds a plain reading taken after one
+profiled call of each model, so CUPTI stays attached as it does in the verifier's processes.
 
     python benchmarks/small_speedups.py --variants fast,fast_vec --sizes 256x1024,1024x1024,4096x4096
 """
@@ -32,8 +34,9 @@ def task_code(size: str) -> str:
     return relu_add_task(int(rows), int(cols))
 
 
-def independent(variant: str, sizes: list[str], repeats: int) -> dict:
-    """In this process: per size, the reference's and the kernel's median time per call (ms) by CUDA events."""
+def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = False) -> dict:
+    """In this process: per size, the reference's and the kernel's quickest time per call (ms) by CUDA events.
+    `cupti`: each model's first call runs under torch's profiler, as a profiled call does in the verifier."""
     import torch
     from verify_cuda_solutions import solution
 
@@ -52,6 +55,11 @@ def independent(variant: str, sizes: list[str], repeats: int) -> dict:
         times: dict[str, list[float]] = {name: [] for name in models}
         calls = {}
         with torch.no_grad():
+            if cupti:
+                for model in models.values():
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+                        model(*pool[0])
+                        torch.cuda.synchronize()
             for name, model in models.items():  # warm, and how many calls make a loop of MIN_LOOP_S
                 for args in pool:
                     model(*args)
@@ -80,17 +88,19 @@ def independent(variant: str, sizes: list[str], repeats: int) -> dict:
     return found
 
 
-def verifier(variants: list[str], sizes: list[str], mode: str, work: Path) -> dict:
+def verifier(variants: list[str], sizes: list[str], mode: str, work: Path, cache: Path, doorbell: bool = True) -> dict:
     from verify_cuda_solutions import solution
     from verify_frames import candidates_frame, tasks_frame
 
-    from concur.verify import compile_frame, verify_frame
+    from concur.verify import compile_frame, orchestrate, verify_frame
+
+    orchestrate.DOORBELL = doorbell  # the referees start again with it (their pool's key holds it)
 
     tasks = tasks_frame([(f"relu_add_{size}", task_code(size)) for size in sizes])
     candidates = candidates_frame(
         [(f"{size}:{v}", f"relu_add_{size}", solution(v)) for size in sizes for v in variants]
     )
-    settings = {"device": "cuda", "mode": mode, "workers": 4, "timeout_s": 300, "build_cache": str(work / "cache")}
+    settings = {"device": "cuda", "mode": mode, "workers": 4, "timeout_s": 300, "build_cache": str(cache)}
     builds = compile_frame(candidates, settings, work / "compile", False)
     table = verify_frame(candidates, tasks, settings, work / "verify", False, builds=builds).set_index("candidate_id")
     return {
@@ -104,36 +114,53 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=lambda t: t.split(","), default=["256x1024", "1024x1024", "4096x4096"])
     parser.add_argument("--mode", default="hardened", choices=["hardened", "kernelbench"])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--doorbell", choices=["on", "off", "both"], default="on")
+    parser.add_argument("--cupti", action="store_true", help="also a plain reading with CUPTI attached")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: the independent reading of one variant
+    parser.add_argument("--attach-cupti", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(independent(args.one, args.sizes, args.repeats)))
+        print(json.dumps(independent(args.one, args.sizes, args.repeats, args.attach_cupti)))
         return
     work = Path(tempfile.mkdtemp(prefix="concur-small-"))
-    plain = {}
+    plain: dict[str, dict] = {"plain": {}, "plain, CUPTI attached": {}}
     for v in args.variants:  # one at a time: two readings side by side on one GPU would slow each other
-        child = subprocess.run(
-            [sys.executable, __file__, "--one", v, "--sizes", ",".join(args.sizes), "--repeats", str(args.repeats)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / f"ext-{v}")),
-            check=True,
-        )
-        plain[v] = json.loads(child.stdout.strip().splitlines()[-1])
-    judged = verifier(args.variants, args.sizes, args.mode, work)
-    print("| task | variant | verifier: ref / kernel ms (quickest) | speedup | plain loop: eager / kernel ms "
-          "(quickest) | speedup (medians') | ratio |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|")
+        for label, extra in [("plain", [])] + ([("plain, CUPTI attached", ["--attach-cupti"])] if args.cupti else []):
+            child = subprocess.run(
+                [sys.executable, __file__, "--one", v, "--sizes", ",".join(args.sizes), "--repeats", str(args.repeats)]
+                + extra,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / f"ext-{v}")),
+                check=True,
+            )
+            plain[label][v] = json.loads(child.stdout.strip().splitlines()[-1])
+            print(json.dumps({"reading": label, "variant": v, **plain[label][v]}), flush=True)  # kept if cut short
+    bells = {"on": [True], "off": [False], "both": [True, False]}[args.doorbell]
+    judged = {}
+    for bell in bells:
+        judged[bell] = verifier(args.variants, args.sizes, args.mode, work / f"bell-{bell}", work / "cache", bell)
+        print(json.dumps({"reading": f"verifier, doorbell {bell}", **judged[bell]}), flush=True)
+    print("| task | variant | reading | ref / kernel ms (quickest) | speedup | vs plain loop |")
+    print("|---|---|---|---:|---:|---:|")
     for size in args.sizes:
         for v in args.variants:
-            status, speedup, ref_ms, new_ms = judged[f"{size}:{v}"]
-            own = plain[v][size]
+            own = plain["plain"][v][size]
             other = own["eager_ms"] / own["kernel_ms"]
-            print(
-                f"| {size} | {v} | {ref_ms:.4f} / {new_ms:.4f} | {speedup:.2f} ({status}) | "
-                f"{own['eager_ms']:.4f} / {own['kernel_ms']:.4f} | {other:.2f} ({own['median_ratio']:.2f}) | "
-                f"{speedup / other:.3f} |"
-            )
+            for label, found in plain.items():
+                if v in found:
+                    r = found[v][size]
+                    ratio = r["eager_ms"] / r["kernel_ms"]
+                    print(
+                        f"| {size} | {v} | {label} | {r['eager_ms']:.4f} / {r['kernel_ms']:.4f} | "
+                        f"{ratio:.2f} (medians' {r['median_ratio']:.2f}) | {ratio / other:.3f} |"
+                    )
+            for bell, table in judged.items():
+                status, speedup, ref_ms, new_ms = table[f"{size}:{v}"]
+                print(
+                    f"| {size} | {v} | verifier, doorbell {'on' if bell else 'off'} | {ref_ms:.4f} / {new_ms:.4f} | "
+                    f"{speedup:.2f} ({status}) | {speedup / other:.3f} |"
+                )
 
 
 if __name__ == "__main__":
