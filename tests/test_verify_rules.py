@@ -997,3 +997,27 @@ def test_referees_take_the_largest_tasks_first_and_a_task_stays_on_one(monkeypat
     for slot, task in ran:
         assert slots.setdefault(task, slot) == slot, task
     assert {task for _, task in ran[:2]} == {"b", "d"}  # the two largest, one on each referee
+
+
+def test_both_sides_main_threads_share_one_core_of_their_own(monkeypatch):
+    """On a GPU a microsecond kernel's time is mostly its side's launches, at the pace of the core making them: the
+    reference and every candidate launch from one core (the last active one), which nothing else of the referee
+    uses, nor that core's SMT siblings; with too few cores, nothing is set apart."""
+    from concur.verify import referee
+
+    monkeypatch.setattr(referee, "siblings", lambda core: {4: {3}, 3: {4}}.get(core, set()))
+    assert referee.timing_core([0, 1, 2, 3, 4]) == (4, [0, 1, 2])
+    assert referee.timing_core([0, 1, 2]) == (2, [0, 1])
+    assert referee.timing_core([3, 4, 5]) == (5, [3, 4])
+    monkeypatch.setattr(referee, "siblings", lambda core: {0, 1} - {core})
+    assert referee.timing_core([0, 1, 2])[0] == 2 and referee.timing_core([1, 2]) == (None, [1, 2])
+    assert referee.timing_core([0, 1]) == (None, [0, 1])
+
+
+def test_smt_siblings_are_read_from_the_system():
+    from concur.verify import referee
+
+    for core in sorted(os.sched_getaffinity(0)):
+        found = referee.siblings(core)
+        assert core not in found and all(isinstance(c, int) for c in found)
+    assert referee.siblings(1 << 20) == set()  # no such core: none

@@ -41,6 +41,33 @@ def split_cores(cpus: list[int] | None, threads: int) -> tuple[list[int], list[i
     return list(cpus[:active]), list(cpus[active:])
 
 
+def siblings(core: int) -> set[int]:
+    """The hardware threads that share `core`'s physical core (SMT), itself excluded; none where the system does
+    not say (a virtual machine may not)."""
+    try:
+        text = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list").read_text().strip()
+    except OSError:
+        return set()
+    found: set[int] = set()
+    for part in filter(None, text.split(",")):
+        low, _, high = part.partition("-")
+        found.update(range(int(low), int(high or low) + 1))
+    return found - {core}
+
+
+def timing_core(active: list[int]) -> tuple[int | None, list[int]]:
+    """(main, rest) on a GPU: the core on which the judged side's main thread runs, the same for the reference and
+    every candidate, and the cores for everything else of the referee and the judged side, main's SMT siblings left
+    out. A microsecond kernel's time is mostly its side's launches, at the pace of the core that makes them; cores
+    of a virtual machine differ in pace, so two sides on two cores would differ by their cores, not their kernels.
+    No main core (None, active) on fewer than 3 cores."""
+    if len(active) < 3:
+        return None, list(active)
+    main = active[-1]
+    rest = [c for c in active if c != main and c not in siblings(main)]
+    return main, rest or [c for c in active if c != main]
+
+
 class Referee:
     def __init__(self, hello: dict):
         self.device = hello["device"]
@@ -49,8 +76,10 @@ class Referee:
         self.threads, self.workers = int(hello["threads"]), int(hello["workers"])
         self.confine = bool(hello.get("confine", True))
         self.active, self.spare = split_cores(hello.get("cpus"), self.threads)
-        if self.active:  # this process and the contestant being judged never share cores with starting ones
-            os.sched_setaffinity(0, self.active)
+        # on a GPU the judged side's main thread has a core of its own, the same for both sides (timing_core)
+        self.main_core, self.rest = timing_core(self.active) if self.device == "cuda" else (None, self.active)
+        if self.rest:  # this process and the contestant being judged never share cores with starting ones
+            os.sched_setaffinity(0, self.rest)
         self.cores, self.nice = os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0)
         self.doorbell = bool(hello.get("doorbell", True))  # off: timed steps on the socket alone (benchmarks)
         self.profiler = bool(hello.get("profiler", False))  # hardened jobs on CUDA profile their candidates
@@ -146,9 +175,10 @@ class Referee:
 
     def guard(self) -> None:
         """The judging processes' scheduling as it was set: this process's cores and nice value on each of its
-        threads, and the nice value of the task's reference. A candidate in a PID namespace cannot name them;
-        elsewhere (same user) it could re-nice or pin them. Cores are set back; a nice value raised by someone
-        else cannot be lowered again without privilege, so the job fails rather than time beside it."""
+        threads, the nice value of the task's reference and the core of its main thread. A candidate in a PID
+        namespace cannot name them; elsewhere (same user) it could re-nice or pin them. Cores are set back; a nice
+        value raised by someone else cannot be lowered again without privilege, so the job fails rather than time
+        beside it."""
         runners = [self.task.runner] if self.task is not None and getattr(self.task, "runner", None) else []
         changed = []
         for pid in [os.getpid(), *[r.pid for r in runners if r.pid]]:
@@ -156,6 +186,9 @@ class Referee:
                 with contextlib.suppress(OSError):
                     if pid == os.getpid() and os.sched_getaffinity(tid) != self.cores:
                         os.sched_setaffinity(tid, self.cores)
+                    elif tid == pid != os.getpid() and self.main_core is not None:
+                        if os.sched_getaffinity(tid) != {self.main_core}:  # the reference's main thread
+                            os.sched_setaffinity(tid, [self.main_core])
                     if os.getpriority(os.PRIO_PROCESS, tid) != self.nice:
                         try:
                             os.setpriority(os.PRIO_PROCESS, tid, self.nice)
@@ -169,8 +202,11 @@ class Referee:
         runner = self.pool.popleft() if self.pool else self.spawn(memory_mb, max_processes)
         runner.memory_kb, runner.max_processes = memory_mb * 1024, max_processes
         runner.ready()
-        if self.active:
-            procs.move_threads(runner.pid, self.active)
+        if self.rest:
+            procs.move_threads(runner.pid, self.rest)
+        if self.main_core is not None:  # the threads it starts from now on start there too
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(runner.pid, [self.main_core])
         return runner
 
     # ------------------------------------------------------------ inputs and outputs
