@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from concur.verify import comparisons, doorbell, exchange, procs, sandbox, timing, verdict
+from concur.verify import comparisons, doorbell, exchange, modes, procs, sandbox, timing, verdict
 from concur.verify.evaluation import trial_plan
 from concur.verify.report import Comparison, Report, Times, Trial
 
@@ -1012,6 +1012,8 @@ def test_both_sides_main_threads_share_one_core_of_their_own(monkeypatch):
     monkeypatch.setattr(referee, "siblings", lambda core: {0, 1} - {core})
     assert referee.timing_core([0, 1, 2])[0] == 2 and referee.timing_core([1, 2]) == (None, [1, 2])
     assert referee.timing_core([0, 1]) == (None, [0, 1])
+    # hardened times by its quickest batches; kernelbench mode means, as KernelBench's plain process is placed
+    assert modes.MODES["hardened"].launch_core and not modes.MODES["kernelbench"].launch_core
 
 
 def test_smt_siblings_are_read_from_the_system():

@@ -23,6 +23,8 @@ class Mode:
     screen: bool  # the static screen runs before any process
     strict_checks: bool  # the checks marked hardened-only in verdict.CHECKS apply
     speedup_stat: str  # the time a speedup divides: the quickest batch, or KernelBench's mean
+    launch_core: bool  # on a GPU both sides launch from one core of their own (referee.timing_core; else, as
+    # KernelBench's plain process, wherever the scheduler puts them)
 
 
 MODES = {
@@ -38,6 +40,7 @@ MODES = {
         screen=True,
         strict_checks=True,
         speedup_stat="best_ms",
+        launch_core=True,
     ),
     "kernelbench": Mode(
         "kernelbench",
@@ -51,6 +54,7 @@ MODES = {
         screen=False,
         strict_checks=False,
         speedup_stat="mean_ms",
+        launch_core=False,
     ),
 }
 

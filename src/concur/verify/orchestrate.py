@@ -170,8 +170,9 @@ class RefereeHandle:
         profiler: bool,
         cpus: list[int] | None,
         doorbell: bool = True,
+        launch_core: bool = False,
     ):
-        self.args = (device, gpu, cache_root, threads, workers, confine, profiler, cpus, doorbell)
+        self.args = (device, gpu, cache_root, threads, workers, confine, profiler, cpus, doorbell, launch_core)
         self.root = Path(tempfile.mkdtemp(prefix="concur-referee-"))
         self.log = self.root / "referee.log"
         env = trusted_env()
@@ -190,6 +191,7 @@ class RefereeHandle:
                     "profiler": profiler,
                     "cpus": cpus,
                     "doorbell": doorbell,
+                    "launch_core": launch_core,
                 }
             )
             reply, _ = self.channel.recv(timeout=REFEREE_START_S)
@@ -246,8 +248,9 @@ def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
         slots, threads, cpus = [None] * workers, max(1, cores // workers), [None] * workers
     confine = settings["sandbox"] != "off"
     profiler = settings["device"] == "cuda" and modes.of(settings).profile
+    launch_core = settings["device"] == "cuda" and modes.of(settings).launch_core
     key = (settings["device"], tuple(str(s) for s in slots), str(cache_root), threads, workers, confine, profiler)
-    key += (DOORBELL,)
+    key += (DOORBELL, launch_core)
     with _LOCK:
         if _POOL is not None and _POOL[0] == key and all(h.proc.poll() is None for h in _POOL[1]):
             return _POOL[1]
@@ -256,7 +259,16 @@ def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
             handles = list(
                 pool.map(
                     lambda slot: RefereeHandle(
-                        settings["device"], slot[0], cache_root, threads, workers, confine, profiler, slot[1], DOORBELL
+                        settings["device"],
+                        slot[0],
+                        cache_root,
+                        threads,
+                        workers,
+                        confine,
+                        profiler,
+                        slot[1],
+                        DOORBELL,
+                        launch_core,
                     ),
                     zip(slots, cpus),
                 )

@@ -76,8 +76,9 @@ class Referee:
         self.threads, self.workers = int(hello["threads"]), int(hello["workers"])
         self.confine = bool(hello.get("confine", True))
         self.active, self.spare = split_cores(hello.get("cpus"), self.threads)
-        # on a GPU the judged side's main thread has a core of its own, the same for both sides (timing_core)
-        self.main_core, self.rest = timing_core(self.active) if self.device == "cuda" else (None, self.active)
+        # hardened on a GPU: the judged side's main thread on a core of its own, the same for both sides
+        launch_core = self.device == "cuda" and bool(hello.get("launch_core"))
+        self.main_core, self.rest = timing_core(self.active) if launch_core else (None, self.active)
         if self.rest:  # this process and the contestant being judged never share cores with starting ones
             os.sched_setaffinity(0, self.rest)
         self.cores, self.nice = os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0)
