@@ -737,11 +737,13 @@ def test_the_pool_stands_still_while_a_side_is_timed():
     referee = SimpleNamespace(pool=[SimpleNamespace(pid=c.pid) for c in children], ending=[], guard=lambda: None)
     referee.zygote = SimpleNamespace(clear_leftovers=lambda: [])  # no zygote here: nothing left behind
     referee.settle = lambda: Referee.settle(referee)
+    referee.timing, referee.judged, referee.main_core = 0, [dying], None  # no launch core set apart
+    referee.place = lambda timing: Referee.place(referee, timing)
     try:
         Referee.dismiss(referee, dying)
         with Referee.quiet(referee):
             assert [state(c.pid) for c in children] == ["T", "T"]
-            assert judged.returncode is not None and not referee.ending
+            assert judged.returncode is not None and not referee.ending and not referee.judged
         assert "T" not in [state(c.pid) for c in children]
     finally:
         for child in [*children, judged]:
@@ -1023,3 +1025,41 @@ def test_smt_siblings_are_read_from_the_system():
         found = referee.siblings(core)
         assert core not in found and all(isinstance(c, int) for c in found)
     assert referee.siblings(1 << 20) == set()  # no such core: none
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_timed_sides_main_thread_is_on_the_launch_core_only_while_timed():
+    """`place` puts every thread of a judged side on the rest of the cores, and its main thread on the launch core
+    for the outermost timed stretch only (`quiet`): a thread or compile worker it starts at other times keeps the
+    rest. A dead side is dropped."""
+    import subprocess
+    import sys
+
+    from concur.verify import referee
+
+    main_core, *rest = sorted(os.sched_getaffinity(0))[-1:] + sorted(os.sched_getaffinity(0))[:-1]
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{child.pid}/task")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gone = types.SimpleNamespace(pid=2**22 + 1)
+        judge = types.SimpleNamespace(
+            main_core=main_core, rest=rest, judged=[types.SimpleNamespace(pid=child.pid), gone]
+        )
+        judge.timing, judge.pool, judge.settle = 0, [], lambda: None
+        judge.place = lambda timing: referee.Referee.place(judge, timing)
+
+        def cores() -> dict[int, set[int]]:
+            return {int(t): os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{child.pid}/task")}
+
+        with referee.Referee.quiet(judge):
+            with referee.Referee.quiet(judge):
+                pass
+            found = cores()  # the inner stretch left the placement as it was
+            assert found.pop(child.pid) == {main_core} and all(c == set(rest) for c in found.values())
+        assert all(c == set(rest) for c in cores().values()) and gone not in judge.judged
+    finally:
+        child.kill()
+        child.wait()

@@ -76,7 +76,7 @@ class Referee:
         self.threads, self.workers = int(hello["threads"]), int(hello["workers"])
         self.confine = bool(hello.get("confine", True))
         self.active, self.spare = split_cores(hello.get("cpus"), self.threads)
-        # hardened on a GPU: the judged side's main thread on a core of its own, the same for both sides
+        # hardened on a GPU: a timed side's main thread on a core of its own, the same for both sides (`place`)
         launch_core = self.device == "cuda" and bool(hello.get("launch_core"))
         self.main_core, self.rest = timing_core(self.active) if launch_core else (None, self.active)
         if self.rest:  # this process and the contestant being judged never share cores with starting ones
@@ -114,6 +114,8 @@ class Referee:
             )
         self.pool: deque[Runner] = deque()
         self.ending: list[Runner] = []  # killed, not yet known gone: `settle` waits for them before anything is timed
+        self.judged: list[Runner] = []  # taken, not dismissed: placed on the cores by `place`
+        self.timing = 0  # `quiet` stretches entered and not left
         self.serial = 0
         self.task = None
         self.positions = torch.Generator(device="cuda" if self.device == "cuda" else "cpu")
@@ -148,12 +150,19 @@ class Referee:
     def quiet(self):
         """While a side is timed, the contestants waiting in the pool are stopped (SIGSTOP): one that is starting
         creates its CUDA context and starts CUPTI, which slowed timed kernels on the same GPU by 10-200% for
-        seconds. Their start resumes afterwards; none of them has loaded a program yet."""
+        seconds. Their start resumes afterwards; none of them has loaded a program yet. The judged sides are placed
+        for timing (`place`) for the outermost stretch."""
         self.settle()
         stopped = procs.stop_all([runner.pid for runner in self.pool])
+        self.timing += 1
+        if self.timing == 1:
+            self.place(timing=True)
         try:
             yield
         finally:
+            self.timing -= 1
+            if not self.timing:
+                self.place(timing=False)
             procs.resume_all(stopped)
 
     def dismiss(self, runner: Runner) -> None:
@@ -162,6 +171,8 @@ class Referee:
         still run)."""
         runner.kill()
         self.ending.append(runner)
+        if runner in self.judged:
+            self.judged.remove(runner)
 
     def settle(self) -> None:
         """Every dismissed contestant gone, and every process one left behind (none survives its contestant where
@@ -176,7 +187,7 @@ class Referee:
 
     def guard(self) -> None:
         """The judging processes' scheduling as it was set: this process's cores and nice value on each of its
-        threads, the nice value of the task's reference and the core of its main thread. A candidate in a PID
+        threads, and the nice value of the task's reference (its cores are set by `place`). A candidate in a PID
         namespace cannot name them; elsewhere (same user) it could re-nice or pin them. Cores are set back; a nice
         value raised by someone else cannot be lowered again without privilege, so the job fails rather than time
         beside it."""
@@ -187,9 +198,6 @@ class Referee:
                 with contextlib.suppress(OSError):
                     if pid == os.getpid() and os.sched_getaffinity(tid) != self.cores:
                         os.sched_setaffinity(tid, self.cores)
-                    elif tid == pid != os.getpid() and self.main_core is not None:
-                        if os.sched_getaffinity(tid) != {self.main_core}:  # the reference's main thread
-                            os.sched_setaffinity(tid, [self.main_core])
                     if os.getpriority(os.PRIO_PROCESS, tid) != self.nice:
                         try:
                             os.setpriority(os.PRIO_PROCESS, tid, self.nice)
@@ -205,10 +213,22 @@ class Referee:
         runner.ready()
         if self.rest:
             procs.move_threads(runner.pid, self.rest)
-        if self.main_core is not None:  # the threads it starts from now on start there too
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(runner.pid, [self.main_core])
+        self.judged.append(runner)
         return runner
+
+    def place(self, timing: bool) -> None:
+        """Where the judged sides (the reference and candidates taken, not dismissed) run when a launch core is set
+        apart (`timing_core`): every thread on the rest of the cores, and while a side is timed, each side's main
+        thread on the launch core. Only then: threads and compile workers a side starts at other times, which
+        inherit its main thread's cores, keep the rest."""
+        if self.main_core is None:
+            return
+        self.judged = [r for r in self.judged if r.pid and os.path.isdir(f"/proc/{r.pid}")]
+        for runner in self.judged:
+            procs.move_threads(runner.pid, self.rest)
+            if timing:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(runner.pid, [self.main_core])
 
     # ------------------------------------------------------------ inputs and outputs
 
