@@ -13,6 +13,16 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
+def load_benchmark(name: str):
+    """A script of benchmarks/ imported as a module (its `main` not run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def snakemake(*args, cwd=ROOT, check=True, timeout=600, env=None) -> subprocess.CompletedProcess:
     """`python -m snakemake ARGS` in `cwd`; `env`: variables set on top of this process's environment. With
     `check`, a failure is an assertion error that shows the end of Snakemake's output."""

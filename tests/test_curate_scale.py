@@ -1,7 +1,6 @@
 """The scale benchmark (benchmarks/curate_scale.py): its synthetic run has the documented shape, and a reduced run
 of the benchmark itself goes through curation and analysis."""
 
-import importlib.util
 import json
 
 import numpy as np
@@ -10,15 +9,12 @@ import pytest
 
 from concur import contracts
 from concur.analyze import FIGURES
-from conftest import ROOT
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("curate_scale", ROOT / "benchmarks" / "curate_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("curate_scale")
 
 
 def test_synthetic_tables_have_the_documented_shape(bench):

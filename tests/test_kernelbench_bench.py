@@ -2,7 +2,6 @@
 reads, and the KernelBench harness's plan, candidate matching, outcome mapping, process accounting and the stand-ins
 for KernelBench's unused imports (with a stand-in `kernelbench` package; KernelBench itself is not needed)."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,18 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-cands_mod = load("kernelbench_candidates")
-harness = load("kernelbench_harness")
+cands_mod = load_benchmark("kernelbench_candidates")
+harness = load_benchmark("kernelbench_harness")
 
 CUDA_PROGRAM = textwrap.dedent('''
     import torch
@@ -236,7 +230,7 @@ def test_harness_numeric_arch_sets_the_torch_list(arch, expected, monkeypatch):
 
 
 def test_side_by_side_spreads_problems_and_counts_disagreements(tmp_path, capsys):
-    side = load("kernelbench_side_by_side")
+    side = load_benchmark("kernelbench_side_by_side")
     cands = [{"id": f"c{p}{s}", "level": 1 + p // 5, "problem_id": p, "program": "", "reference": ""}
              for p in range(10) for s in "ab"]  # fmt: skip
     picked = side.spread_problems(cands, 3)
@@ -337,7 +331,7 @@ def test_side_by_side_precision_reaches_both_parts_and_its_own_folder(tmp_path, 
     import concur.verify
     from concur.verify.api import task_precisions
 
-    side = load("kernelbench_side_by_side")
+    side = load_benchmark("kernelbench_side_by_side")
     kb = checkout(tmp_path)
     (kb / "src" / "kernelbench").mkdir(parents=True)
     (kb / "src" / "kernelbench" / "__init__.py").write_text("")

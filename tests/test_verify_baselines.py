@@ -2,7 +2,6 @@
 inputs and weights, KernelBench's tolerance for them): the arithmetic on the CPU, one CPU verify run through
 verify_frame, and a `gpu` test that would compare kernelbench mode with KernelBench's own eval_kernel_against_ref."""
 
-import importlib.util
 import math
 import os
 import sys
@@ -18,6 +17,7 @@ from concur.verify import comparisons, verify_frame
 from concur.verify.api import task_precisions
 from concur.verify.report import Baseline, Report, Times
 from concur.verify.verdict import baseline_speedups, blank, decide, precision_flag
+from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "verify"
@@ -134,9 +134,7 @@ def kb_eval(monkeypatch):
     checkout = Path(checkout).resolve()
     if not (checkout / "src" / "kernelbench" / "eval.py").is_file():
         pytest.skip(f"KERNELBENCH_DIR={checkout}: no src/kernelbench/eval.py (KernelBench at 423217d or later)")
-    spec = importlib.util.spec_from_file_location("kernelbench_harness", ROOT / "benchmarks" / "kernelbench_harness.py")
-    harness = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(harness)
+    harness = load_benchmark("kernelbench_harness")
     monkeypatch.setattr(sys, "path", list(sys.path))  # import_kernelbench puts <checkout>/src first
     for name in ("TORCH_EXTENSIONS_DIR", "TORCH_USE_CUDA_DSA"):  # eval_kernel_against_ref sets them in this process
         monkeypatch.delenv(name, raising=False)

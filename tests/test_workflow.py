@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, job_counts, snakemake
+from conftest import ROOT, job_counts, load_benchmark, snakemake
 
 DEFAULT_JOBS = {
     "all": 1,
@@ -298,14 +298,11 @@ def test_graphs_render_to_svg(graph, tmp_path):
 def prepared_run(tmp_path_factory):
     """curate, eval_score and analyze run through Snakemake (scripts, params, outputs) on tables written here in the
     contracts' shapes: a synthetic synthesis run (benchmarks/curate_scale.py) and two models' eval verdicts."""
-    import importlib.util
 
     from concur.io import write_parquet
     from concur.tasks import shard_of
 
-    spec = importlib.util.spec_from_file_location("curate_scale", ROOT / "benchmarks" / "curate_scale.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("curate_scale")
     tmp_path = tmp_path_factory.mktemp("prepared")
     res = tmp_path / "results"
     candidates, verdicts, tasks = bench.synthetic_tables(60, 5)
