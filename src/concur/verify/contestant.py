@@ -337,10 +337,6 @@ class Contestant:
         self.model64 = copy.deepcopy(self.model).double()
         return {"ok": True}
 
-    def drop(self, msg: dict) -> dict:
-        self.pending = []
-        return {"ok": True}
-
     def kb_time(self, msg: dict) -> dict:
         """KernelBench's cuda_event timing: warm-ups, then per trial a device-wide sync, a 256 MB cache fill,
         events around one call on the current stream, a sync; the first `discard` trials are dropped."""
@@ -499,7 +495,7 @@ def leaf_meta(leaf) -> dict:
         return {"t": "other", "detail": str(err)}
 
 
-COMMANDS = {"load", "prepare", "go", "call", "handoff", "double", "drop", "kb_time", "profile", "state"}
+COMMANDS = {"load", "prepare", "go", "call", "handoff", "double", "kb_time", "profile", "state"}
 
 
 def notify(channel, nonce, what: str) -> None:
@@ -529,9 +525,9 @@ def serve(channel, spec: dict, sandbox: str) -> int:
             return {"ok": False, "error": describe(err)}
 
     while True:
-        try:  # the timed commands (`prepare` after the last batch's `handoff` or `drop`, `go` after `prepare`,
-            # `handoff` after `go`) come soon: wait without sleeping
-            msg, fds = channel.recv(spin_s=spin_s if op in ("handoff", "drop", "prepare", "go") else 0.0)
+        try:  # the timed commands (`prepare` after the last batch's `handoff`, `go` after `prepare`, `handoff`
+            # after `go`) come soon: wait without sleeping
+            msg, fds = channel.recv(spin_s=spin_s if op in ("handoff", "prepare", "go") else 0.0)
         except procs.ChannelClosed:
             break
         contestant.received_at = time.perf_counter()
