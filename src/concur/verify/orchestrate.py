@@ -237,8 +237,8 @@ def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
     the settings that shape them stay the same."""
     global _POOL
     cores = verify_settings.cores()
-    workers = int(settings["workers"])
-    if settings["device"] == "cuda":
+    workers, cuda = int(settings["workers"]), settings["device"] == "cuda"
+    if cuda:
         gpus = verify_settings.visible_gpus()
         slots, threads = gpus, max(1, cores // (len(gpus) * (workers + 1)))
         mine = sorted(os.sched_getaffinity(0))
@@ -246,33 +246,23 @@ def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
         cpus = [mine[i * share : (i + 1) * share] for i in range(len(gpus))]  # each GPU's referee its own cores
     else:
         slots, threads, cpus = [None] * workers, max(1, cores // workers), [None] * workers
-    confine = settings["sandbox"] != "off"
-    profiler = settings["device"] == "cuda" and modes.of(settings).profile
-    launch_core = settings["device"] == "cuda" and modes.of(settings).launch_core
-    key = (settings["device"], tuple(str(s) for s in slots), str(cache_root), threads, workers, confine, profiler)
-    key += (DOORBELL, launch_core)
+    shape = {  # what the referees are started with besides their GPU and cores; a change starts them again
+        "device": settings["device"],
+        "cache_root": cache_root,
+        "threads": threads,
+        "workers": workers,
+        "confine": settings["sandbox"] != "off",
+        "profiler": cuda and modes.of(settings).profile,
+        "doorbell": DOORBELL,
+        "launch_core": cuda and modes.of(settings).launch_core,
+    }
+    key = (tuple(str(s) for s in slots), *shape.values())
     with _LOCK:
         if _POOL is not None and _POOL[0] == key and all(h.proc.poll() is None for h in _POOL[1]):
             return _POOL[1]
         close_referees()
         with ThreadPoolExecutor(max_workers=len(slots)) as pool:
-            handles = list(
-                pool.map(
-                    lambda slot: RefereeHandle(
-                        settings["device"],
-                        slot[0],
-                        cache_root,
-                        threads,
-                        workers,
-                        confine,
-                        profiler,
-                        slot[1],
-                        DOORBELL,
-                        launch_core,
-                    ),
-                    zip(slots, cpus),
-                )
-            )
+            handles = list(pool.map(lambda slot: RefereeHandle(gpu=slot[0], cpus=slot[1], **shape), zip(slots, cpus)))
         _POOL = (key, handles)
         return handles
 
