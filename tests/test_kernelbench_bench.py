@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_benchmark
-
-ROOT = Path(__file__).resolve().parents[1]
-
+from conftest import ROOT, load_benchmark
 
 cands_mod = load_benchmark("kernelbench_candidates")
 harness = load_benchmark("kernelbench_harness")
