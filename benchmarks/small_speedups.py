@@ -123,9 +123,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(independent(args.one, args.sizes, args.repeats, args.attach_cupti)))
         return
     work = Path(tempfile.mkdtemp(prefix="concur-small-"))
-    plain: dict[str, dict] = {"plain": {}, "plain, CUPTI attached": {}}
+    readings = [("plain", [])] + ([("plain, CUPTI attached", ["--attach-cupti"])] if args.cupti else [])
+    plain: dict[str, dict] = {label: {} for label, _ in readings}
     for v in args.variants:  # one at a time: two readings side by side on one GPU would slow each other
-        for label, extra in [("plain", [])] + ([("plain, CUPTI attached", ["--attach-cupti"])] if args.cupti else []):
+        for label, extra in readings:
             child = subprocess.run(
                 [sys.executable, __file__, "--one", v, "--sizes", ",".join(args.sizes), "--repeats", str(args.repeats)]
                 + extra,
@@ -148,13 +149,12 @@ def main(argv: list[str] | None = None) -> None:
             own = plain["plain"][v][size]
             other = own["eager_ms"] / own["kernel_ms"]
             for label, found in plain.items():
-                if v in found:
-                    r = found[v][size]
-                    ratio = r["eager_ms"] / r["kernel_ms"]
-                    print(
-                        f"| {size} | {v} | {label} | {r['eager_ms']:.4f} / {r['kernel_ms']:.4f} | "
-                        f"{ratio:.2f} (medians' {r['median_ratio']:.2f}) | {ratio / other:.3f} |"
-                    )
+                r = found[v][size]
+                ratio = r["eager_ms"] / r["kernel_ms"]
+                print(
+                    f"| {size} | {v} | {label} | {r['eager_ms']:.4f} / {r['kernel_ms']:.4f} | "
+                    f"{ratio:.2f} (medians' {r['median_ratio']:.2f}) | {ratio / other:.3f} |"
+                )
             for bell, table in judged.items():
                 status, speedup, ref_ms, new_ms = table[f"{size}:{v}"]
                 print(
