@@ -170,7 +170,7 @@ def test_a_build_that_may_not_write_the_shared_folder_compiles_without_a_pch(tmp
     pch_dir.mkdir()
     if sandbox.landlock_abi() < 1:
         pytest.skip("needs Landlock (the sandbox of a candidate's build)")
-    confine = lambda: sandbox.confine([str(tmp_path / "out")], [], [], devices=False)  # noqa: E731
+    confine = lambda: sandbox.confine([str(tmp_path / "out")], [], [], devices=[])  # noqa: E731
     (tmp_path / "out").mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "out"))  # as a build's scratch folder: the compiler writes there
     proc = compile_with_front(tmp_path / "out", include, "ext_a", ["-O2"], pch_dir, cxx, preexec=confine)

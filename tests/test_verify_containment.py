@@ -7,6 +7,7 @@ refuses namespaces); each has an honest twin that must keep working.
 """
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -240,7 +241,7 @@ def test_a_contestant_reads_only_its_own_build(tmp_path):
         code = 99
         try:
             around = sandbox.readable_around([str(work), str(cache)])
-            sandbox.confine([str(folder)], [str(cache)], [str(work), str(cache)], devices=False, around=around)
+            sandbox.confine([str(folder)], [str(cache)], [str(work), str(cache)], devices=[], around=around)
             first = (other / "file.txt").read_text() == "other"  # the first layer reads the whole cache
             sandbox.confine_reads([str(mine)], around, [str(folder)])
             readable = []
@@ -310,3 +311,88 @@ def test_an_honest_processs_cpu_time_is_its_own():
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, 9)
         proc.wait()
+
+
+def fake_driver(tmp_path: Path, gpus: dict[str, int]) -> tuple[str, str]:
+    """A /proc/driver/nvidia/gpus and a /dev as the NVIDIA driver lays them out: one folder per GPU (its UUID and
+    minor number), one node per GPU besides the shared ones."""
+    proc, dev = tmp_path / "gpus", tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps", "null"):
+        (dev / name).touch()
+    for i, (uuid, minor) in enumerate(gpus.items()):
+        folder = proc / f"0000:{0x18 + i:02x}:00.0"
+        folder.mkdir(parents=True)
+        (folder / "information").write_text(
+            f"Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 123\nGPU UUID: \t GPU-{uuid}\nDevice Minor: \t {minor}\n"
+        )
+        (dev / f"nvidia{minor}").touch()
+    return str(proc), str(dev)
+
+
+def test_a_contestant_may_open_its_own_gpus_node_and_no_other(tmp_path):
+    """The honest case: the referee's GPU and every shared node (control, UVM, MIG caps) stay open to it. The
+    attack it stops: starting work on another referee's GPU (a helper with another CUDA_VISIBLE_DEVICES)."""
+    proc, dev = fake_driver(tmp_path, {"aaaa-1": 0, "bbbb-2": 1, "cccc-3": 3})
+    names = lambda nodes: sorted(Path(n).name for n in nodes)  # noqa: E731
+    shared = ["nvidia-caps", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]
+    assert names(sandbox.gpu_nodes("bbbb-2", proc, dev)) == sorted([*shared, "nvidia1"])
+    assert names(sandbox.gpu_nodes("GPU-CCCC-3", proc, dev)) == sorted([*shared, "nvidia3"])  # as torch or NVML say it
+    # a GPU the driver does not list (a MIG instance, no /proc): every node, as without the rule
+    assert names(sandbox.gpu_nodes("MIG-dddd", proc, dev)) == sorted([*shared, "nvidia0", "nvidia1", "nvidia3"])
+    assert names(sandbox.gpu_nodes("bbbb-2", str(tmp_path / "none"), dev)) == names(sandbox.gpu_nodes(None, proc, dev))
+    assert sandbox.gpu_nodes("bbbb-2", proc, str(tmp_path / "nodev")) == []
+
+
+GPU_CONFINED = """
+import json, os, subprocess, sys
+from concur.verify import sandbox
+nodes = json.loads(sys.argv[1])
+sandbox.confine([sys.argv[2]], [], [], devices=nodes)
+import torch
+own = float((torch.ones(256, 256, device="cuda") @ torch.ones(256, 256, device="cuda"))[0, 0])
+others = [n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit() and "/dev/" + n not in nodes]
+opened = []
+for name in others:
+    try:
+        os.close(os.open("/dev/" + name, os.O_RDWR))
+        opened.append(name)
+    except OSError:
+        pass
+helper = "import torch; print(float(torch.ones(8, device='cuda').sum()))"
+env = dict(os.environ, CUDA_VISIBLE_DEVICES="0")
+other_gpu = subprocess.run([sys.executable, "-c", helper], env=env, capture_output=True, text=True).returncode == 0
+print(json.dumps({"own": own, "others": others, "opened": opened, "other_gpu": other_gpu}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not LANDLOCK, reason="needs Landlock")
+def test_a_confined_process_uses_its_gpu_and_cannot_reach_another(tmp_path):
+    """On a node of 2 or more GPUs, a process confined to GPU 1's node, as a contestant is, computes there and can
+    neither open GPU 0's node nor start a helper that computes on GPU 0."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    env = dict(trusted_env(), CUDA_VISIBLE_DEVICES="1", PYTHONPATH=os.pathsep.join(sys.path))
+    uuid = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.get_device_properties(0).uuid)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    nodes = sandbox.gpu_nodes(uuid)
+    assert len([n for n in nodes if Path(n).name[6:].isdigit()]) == 1, (uuid, nodes)
+    done = subprocess.run(
+        [sys.executable, "-c", GPU_CONFINED, json.dumps(nodes), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["own"] == 256.0 and seen["others"], seen
+    assert seen["opened"] == [] and not seen["other_gpu"], seen

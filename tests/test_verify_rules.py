@@ -497,7 +497,7 @@ def run_confined(tmp_path, action) -> str:
     if pid == 0:
         os.close(read_fd)
         try:
-            sandbox.confine([str(own)], [], [str(hidden)], devices=False)
+            sandbox.confine([str(own)], [], [str(hidden)], devices=[])
             message = action(own, hidden)
         except BaseException as err:
             message = f"error {err}"
@@ -971,9 +971,8 @@ def test_the_referee_sleeps_only_through_the_first_half_of_a_step():
         assert 0.0 < idle and idle + doorbell.IDLE_SLACK_S <= 0.5 * quickest + 1e-12
 
 
-def test_referees_take_the_largest_tasks_first_and_a_task_stays_on_one(monkeypatch):
-    """The tail of a verify job is its last task: handed out largest first (the greedy longest-first rule), the
-    referees finish together. Each task's payloads run in a row on one referee, its reference set up once."""
+def test_referees_take_the_largest_tasks_first(monkeypatch):
+    """Tasks are handed out largest first (the greedy longest-first rule), so the referees finish together."""
     from concur.verify import orchestrate
 
     sizes = {"a": 1, "b": 4, "c": 2, "d": 4, "e": 1}
@@ -995,10 +994,20 @@ def test_referees_take_the_largest_tasks_first_and_a_task_stays_on_one(monkeypat
     done = []
     orchestrate.evaluate_all(payloads, {"timeout_s": 1}, None, False, lambda p, r: done.append(p["candidate_id"]))
     assert sorted(done) == sorted(p["candidate_id"] for p in payloads)
-    slots = {}
-    for slot, task in ran:
-        assert slots.setdefault(task, slot) == slot, task
     assert {task for _, task in ran[:2]} == {"b", "d"}  # the two largest, one on each referee
+
+
+def test_a_referee_without_work_takes_the_last_candidate_of_the_fullest_task():
+    """A task's candidates run in a row on the referee that took it, until every task is taken; then a referee left
+    idle takes candidates from the end of the task with the most left, so the job ends one candidate after the
+    last task is taken, not one task after. Every candidate is handed out once."""
+    from concur.verify.orchestrate import TaskBoard
+
+    groups = [[{"task_id": t, "candidate_id": f"{t}{i}"} for i in range(n)] for t, n in (("b", 4), ("a", 1))]
+    board = TaskBoard(groups)
+    ids = lambda slot: (board.take(slot) or {}).get("candidate_id")  # noqa: E731
+    assert [ids(0), ids(1), ids(0)] == ["b0", "a0", "b1"]  # its own task, in order
+    assert [ids(1), ids(1), ids(0), ids(1), ids(0)] == ["b3", "b2", None, None, None]  # the idle one, from the end
 
 
 def test_both_sides_main_threads_share_one_core_of_their_own(monkeypatch):

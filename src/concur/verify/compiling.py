@@ -126,7 +126,7 @@ def build(
             "write": [str(entry), str(scratch)],
             "read": [str(cache_root / "pch")],  # its own entry and the shared PCHs: never another candidate's
             "hidden": [str(cache_root), str(scratch.parent)],
-            "devices": False,
+            "devices": [],
         }
     )
     spec = {

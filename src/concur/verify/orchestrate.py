@@ -13,12 +13,12 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import queue
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,25 +283,17 @@ def _shutdown() -> None:
 
 
 def evaluate_all(payloads: list[dict], settings: dict, cache_root: Path, progress: bool, on_done) -> None:
-    """Evaluate every payload on the referees: the payloads of one task in a row on one referee (the task's
-    reference is set up once there), the largest tasks first, so that the last ones to finish are short."""
+    """Evaluate every payload on the referees, each taking its candidates from one `TaskBoard`."""
     handles = referees(settings, cache_root)
-    work: queue.Queue = queue.Queue()
-    for group in task_groups(payloads):
-        work.put(group)
+    board = TaskBoard(task_groups(payloads))
     bar = _progress(None, len(payloads), progress, "verify") if progress else None
     timeout = 3 * float(settings["timeout_s"]) + REFEREE_START_S
 
     def drain(slot: int) -> None:
-        while True:
-            try:
-                group = work.get_nowait()
-            except queue.Empty:
-                return
-            for payload in group:
-                on_done(payload, evaluate_with_retry(handles, slot, payload, timeout))
-                if bar is not None:
-                    bar.update(1)
+        while (payload := board.take(slot)) is not None:
+            on_done(payload, evaluate_with_retry(handles, slot, payload, timeout))
+            if bar is not None:
+                bar.update(1)
 
     threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(handles))]
     for thread in threads:
@@ -319,6 +311,28 @@ def task_groups(payloads: list[dict]) -> list[list[dict]]:
     for payload in payloads:
         groups.setdefault(payload["task_id"], []).append(payload)
     return sorted(groups.values(), key=len, reverse=True)
+
+
+class TaskBoard:
+    """The candidates left, for a pool of referees. A referee takes the candidates of one task in a row (the task's
+    reference is set up once there) and then the next task in `groups`' order. Once every task is taken, a referee
+    left without work takes the last candidate of the task with the most left on another referee: the job's tail
+    is one candidate long, not one task, for one more set-up of that task's reference."""
+
+    def __init__(self, groups: list[list[dict]]):
+        self.untaken = deque(list(group) for group in groups)
+        self.held: dict[int, list[dict]] = {}  # a referee's task: its candidates not yet taken
+        self.lock = threading.Lock()
+
+    def take(self, slot: int) -> dict | None:
+        with self.lock:
+            own = self.held.get(slot)
+            if not own and self.untaken:
+                own = self.held[slot] = self.untaken.popleft()
+            if own:
+                return own.pop(0)
+            fullest = max(self.held.values(), key=len, default=[])
+            return fullest.pop() if fullest else None
 
 
 def evaluate_with_retry(handles: list[RefereeHandle], slot: int, payload: dict, timeout: float) -> Report:

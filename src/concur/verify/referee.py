@@ -103,12 +103,14 @@ class Referee:
         torch.set_num_threads(self.threads)
         self.label = "cpu"
         self.flush_buffer = None
+        self.gpu_nodes: list[str] = []  # the device files its contestants may open: this GPU's, no other's
         self.arena_budget = exchange.arena_budget(None)
         if self.device == "cuda":
             torch.cuda.init()
             props = torch.cuda.get_device_properties(0)
             self.arena_budget = exchange.arena_budget(props.total_memory)
             self.label = f"cuda:{props.name}"
+            self.gpu_nodes = sandbox.gpu_nodes(str(getattr(props, "uuid", "")))
             self.flush_buffer = torch.empty(
                 2 * (getattr(props, "L2_cache_size", 0) or 64 << 20), dtype=torch.uint8, device="cuda"
             )
@@ -140,6 +142,7 @@ class Referee:
             self.profiler,
             SPIN_S if self.active else 0.0,
             self.doorbell,
+            self.gpu_nodes,
         )
 
     def refill(self, memory_mb: int = 16384, max_processes: int = 64) -> None:

@@ -59,7 +59,8 @@ def contestant_env(folder: Path, threads: int) -> dict:
 
 
 class Runner:
-    """One contestant process, started at once; `ready()` waits for it to have made its CUDA context."""
+    """One contestant process, started at once; `ready()` waits for it to have made its CUDA context. `devices`:
+    the GPU device files its sandbox lets it open (sandbox.gpu_nodes)."""
 
     def __init__(
         self,
@@ -74,6 +75,7 @@ class Runner:
         profiler: bool = False,
         spin_s: float = 0.0,
         doorbell: bool = True,
+        devices: list[str] = (),
     ):
         self.zygote, self.folder, self.device = zygote, folder, device
         self.spin_s, self.doorbell = spin_s, doorbell
@@ -91,7 +93,7 @@ class Runner:
             "spin_s": spin_s,
             "sandbox": None
             if hidden is None
-            else {"write": [str(folder)], "read": readable, "hidden": hidden, "devices": device == "cuda"},
+            else {"write": [str(folder)], "read": readable, "hidden": hidden, "devices": list(devices)},
         }
         self.pid, self.channel = zygote.spawn(spec)
         self.arenas: dict[str, exchange.Arena | None] = {"in": None, "out": None}

@@ -45,6 +45,42 @@ DEVICE_FILES = (
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+def gpu_nodes(uuid: str | None, proc: str = "/proc/driver/nvidia/gpus", dev: str = "/dev") -> list[str]:
+    """The device files a process on the GPU with `uuid` may open: every NVIDIA node except other GPUs' own
+    (`/dev/nvidia<minor>`), so that it cannot start work on a GPU its referee does not hold. The driver lists each
+    GPU's UUID and minor number under `proc`; where the GPU is not found there, every GPU's node (as before)."""
+    try:
+        names = sorted(name for name in os.listdir(dev) if name.startswith("nvidia"))
+    except OSError:
+        return []
+    minor = _gpu_minor(uuid, proc) if uuid else None
+    return [
+        f"{dev}/{name}"
+        for name in names
+        if minor is None or not name[len("nvidia") :].isdigit() or name == f"nvidia{minor}"
+    ]
+
+
+def _gpu_minor(uuid: str, proc: str) -> int | None:
+    wanted = uuid.lower().removeprefix("gpu-")
+    try:
+        folders = os.listdir(proc)
+    except OSError:
+        return None
+    for folder in folders:
+        try:
+            lines = Path(proc, folder, "information").read_text().splitlines()
+        except OSError:
+            continue
+        fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+        if (
+            fields.get("GPU UUID", "").lower().removeprefix("gpu-") == wanted
+            and fields.get("Device Minor", "").isdigit()
+        ):
+            return int(fields["Device Minor"])
+    return None
+
+
 def _syscall(number: int, *args) -> int:
     return _libc.syscall(ctypes.c_long(number), *args)
 
@@ -110,12 +146,13 @@ def readable_around(hidden: list[str]) -> list[str]:
 
 
 def confine(
-    write: list[str], read: list[str], hidden: list[str], devices: bool, around: list[str] | None = None
+    write: list[str], read: list[str], hidden: list[str], devices: list[str], around: list[str] | None = None
 ) -> str:
     """Apply the Landlock sandbox to this process (irreversible; inherited by its children).
 
     write: folders it may change; read: paths inside `hidden` it may still read; hidden: trees it may not see;
-    around: readable_around(hidden), when computed already. Returns "landlock" or "none" (no Landlock here)."""
+    devices: the GPU device files it may open (`gpu_nodes`), besides the common ones (DEVICE_FILES); around:
+    readable_around(hidden), when computed already. Returns "landlock" or "none" (no Landlock here)."""
     abi = landlock_abi()
     if abi < 1:
         return "none"
@@ -126,10 +163,7 @@ def confine(
     grants = [(path, read_rights) for path in (readable_around(hidden) if around is None else around) + list(read)]
     # CUDA's initialisation names its threads through /proc/self/task/<tid>/comm: the process's own threads only
     grants += [(path, handled) for path in [*write, "/proc/self/task"]]
-    device_paths = list(DEVICE_FILES)
-    if devices:
-        device_paths += [f"/dev/{name}" for name in os.listdir("/dev") if name.startswith("nvidia")]
-    grants += [(path, _READ_FILE | _WRITE_FILE | _IOCTL_DEV) for path in device_paths]
+    grants += [(path, _READ_FILE | _WRITE_FILE | _IOCTL_DEV) for path in [*DEVICE_FILES, *devices]]
     _restrict(attr, size, handled, grants)
     return "landlock"
 
