@@ -387,7 +387,7 @@ def test_a_confined_process_uses_its_gpu_and_cannot_reach_another(tmp_path):
     assert len([n for n in nodes if Path(n).name[6:].isdigit()]) == 1, (uuid, nodes)
     done = subprocess.run(
         [sys.executable, "-c", GPU_CONFINED, json.dumps(nodes), str(tmp_path)],
-        env=env,
+        env=dict(env, TMPDIR=str(tmp_path), HOME=str(tmp_path)),  # the only folder it may write, as a contestant's
         capture_output=True,
         text=True,
         timeout=300,
