@@ -359,10 +359,10 @@ for name in others:
         opened.append(name)
     except OSError:
         pass
-helper = "import torch; print(float(torch.ones(8, device='cuda').sum()))"
-env = dict(os.environ, CUDA_VISIBLE_DEVICES="0")
-other_gpu = subprocess.run([sys.executable, "-c", helper], env=env, capture_output=True, text=True).returncode == 0
-print(json.dumps({"own": own, "others": others, "opened": opened, "other_gpu": other_gpu}))
+helper = "import torch; c = torch.cuda; print([str(c.get_device_properties(i).uuid) for i in range(c.device_count())])"
+env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+seen = subprocess.run([sys.executable, "-c", helper], env=env, capture_output=True, text=True).stdout.strip()
+print(json.dumps({"own": own, "others": others, "opened": opened, "helper_sees": seen}))
 """
 
 
@@ -370,7 +370,7 @@ print(json.dumps({"own": own, "others": others, "opened": opened, "other_gpu": o
 @pytest.mark.skipif(not LANDLOCK, reason="needs Landlock")
 def test_a_confined_process_uses_its_gpu_and_cannot_reach_another(tmp_path):
     """On a node of 2 or more GPUs, a process confined to GPU 1's node, as a contestant is, computes there and can
-    neither open GPU 0's node nor start a helper that computes on GPU 0."""
+    neither open GPU 0's node nor start a helper that sees GPU 0."""
     import torch
 
     if torch.cuda.device_count() < 2:
@@ -384,6 +384,7 @@ def test_a_confined_process_uses_its_gpu_and_cannot_reach_another(tmp_path):
         check=True,
     ).stdout.strip()
     nodes = sandbox.gpu_nodes(uuid)
+    env["CUDA_VISIBLE_DEVICES"] = sandbox.cuda_name(uuid)  # the driver numbers only the GPUs it can open
     assert len([n for n in nodes if Path(n).name[6:].isdigit()]) == 1, (uuid, nodes)
     done = subprocess.run(
         [sys.executable, "-c", GPU_CONFINED, json.dumps(nodes), str(tmp_path)],
@@ -395,4 +396,4 @@ def test_a_confined_process_uses_its_gpu_and_cannot_reach_another(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["own"] == 256.0 and seen["others"], seen
-    assert seen["opened"] == [] and not seen["other_gpu"], seen
+    assert seen["opened"] == [] and seen["helper_sees"] == repr([uuid]), seen  # a helper finds no other GPU

@@ -110,7 +110,10 @@ class Referee:
             props = torch.cuda.get_device_properties(0)
             self.arena_budget = exchange.arena_budget(props.total_memory)
             self.label = f"cuda:{props.name}"
-            self.gpu_nodes = sandbox.gpu_nodes(str(getattr(props, "uuid", "")))
+            uuid = str(getattr(props, "uuid", ""))
+            self.gpu_nodes = sandbox.gpu_nodes(uuid)
+            if uuid and sandbox.gpu_minor(uuid) is not None:  # confined to its node, a contestant knows it by UUID
+                os.environ["CUDA_VISIBLE_DEVICES"] = sandbox.cuda_name(uuid)
             self.flush_buffer = torch.empty(
                 2 * (getattr(props, "L2_cache_size", 0) or 64 << 20), dtype=torch.uint8, device="cuda"
             )

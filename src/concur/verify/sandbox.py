@@ -53,7 +53,7 @@ def gpu_nodes(uuid: str | None, proc: str = "/proc/driver/nvidia/gpus", dev: str
         names = sorted(name for name in os.listdir(dev) if name.startswith("nvidia"))
     except OSError:
         return []
-    minor = _gpu_minor(uuid, proc) if uuid else None
+    minor = gpu_minor(uuid, proc) if uuid else None
     return [
         f"{dev}/{name}"
         for name in names
@@ -61,7 +61,15 @@ def gpu_nodes(uuid: str | None, proc: str = "/proc/driver/nvidia/gpus", dev: str
     ]
 
 
-def _gpu_minor(uuid: str, proc: str) -> int | None:
+def cuda_name(uuid: str) -> str:
+    """The GPU with `uuid` as CUDA_VISIBLE_DEVICES names it. A process confined to one GPU's node must be given it
+    this way: the driver numbers only the GPUs it can open, so any other GPU's index names a different one or
+    none ("No CUDA GPUs are available")."""
+    return "GPU-" + uuid.removeprefix("GPU-").removeprefix("gpu-")
+
+
+def gpu_minor(uuid: str, proc: str = "/proc/driver/nvidia/gpus") -> int | None:
+    """The minor number of the GPU with `uuid` (its /dev/nvidia<minor>), as the driver lists it under `proc`."""
     wanted = uuid.lower().removeprefix("gpu-")
     try:
         folders = os.listdir(proc)
