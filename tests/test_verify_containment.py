@@ -344,7 +344,7 @@ def test_a_contestant_may_open_its_own_gpus_node_and_no_other(tmp_path):
     assert sandbox.gpu_nodes("bbbb-2", proc, str(tmp_path / "nodev")) == []
 
 
-GPU_CONFINED = """
+GPU_CONFINED = r"""
 import json, os, subprocess, sys
 from concur.verify import sandbox
 nodes = json.loads(sys.argv[1])
