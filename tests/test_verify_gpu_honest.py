@@ -49,10 +49,20 @@ def test_every_honest_way_stays_correct_with_a_speedup(verdicts, mode):
         flags = [f for f in str(row["flags"]).split(",") if f]
         assert not [f for f in flags if f.startswith(("timing:", "check:"))], (mode, cid, flags)
         assert math.isfinite(row["speedup"]) and row["speedup"] > 0, (mode, cid, row["speedup"])
-    # 16M elements: one pass against eager's three (two through the workspace, one more per call through the
-    # constant table's copy: those only beat eager)
+    # 16M elements: the fused ways make one pass against eager's three; the workspace's makes two, and the constant
+    # table's adds a copy a call: about eager's speed (1.1x on an H100, 0.8-0.9x on an H200)
     for variant in VARIANTS:
-        assert table.loc[f"relu_add:{variant}", "speedup"] > (1.0 if variant in SLOWER else 1.5), (mode, variant)
+        assert table.loc[f"relu_add:{variant}", "speedup"] > (0.5 if variant in SLOWER else 1.2), (mode, variant)
+
+
+def test_hardened_speedups_agree_with_kernelbenchs_procedure(verdicts):
+    """On the 16M-element task (a tenth of a millisecond a call) every honest way's hardened speedup is within 15%
+    of the one `kernelbench` mode measures with KernelBench's own procedure (CUDA events around each call)."""
+    for variant in VARIANTS:
+        hardened, kernelbench = (
+            verdicts[mode].loc[f"relu_add:{variant}", "speedup"] for mode in ("hardened", "kernelbench")
+        )
+        assert 0.85 < hardened / kernelbench < 1.0 / 0.85, (variant, hardened, kernelbench)
 
 
 def test_microsecond_task_times_resolve_to_a_possible_speedup(verdicts):
