@@ -342,6 +342,8 @@ def test_a_contestant_may_open_its_own_gpus_node_and_no_other(tmp_path):
     assert names(sandbox.gpu_nodes("MIG-dddd", proc, dev)) == sorted([*shared, "nvidia0", "nvidia1", "nvidia3"])
     assert names(sandbox.gpu_nodes("bbbb-2", str(tmp_path / "none"), dev)) == names(sandbox.gpu_nodes(None, proc, dev))
     assert sandbox.gpu_nodes("bbbb-2", proc, str(tmp_path / "nodev")) == []
+    (Path(dev) / "nvidia3").unlink()  # a container that shows the GPU's node under another name: every node
+    assert names(sandbox.gpu_nodes("cccc-3", proc, dev)) == sorted([*shared, "nvidia0", "nvidia1"])
 
 
 GPU_CONFINED = r"""
