@@ -70,19 +70,24 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def table(work: Path, seconds_of: dict) -> None:
-    """Every GPU count verified in this workdir so far, against the fewest."""
+    """Every GPU count verified in this workdir so far, against the fewest. `referee s`: the candidates' own time on
+    the referees (their `eval_s`), the rest of the first count's wall time being the job's fixed part (start,
+    references); `bound`: the most the count could gain over the first, that fixed part kept and the referees'
+    time split evenly (never below the longest candidate)."""
     counts = sorted(int(c) for c in seconds_of)
     first = pd.read_parquet(work / f"verified_{counts[0]}.parquet").set_index("candidate_id")
     base = seconds_of[str(counts[0])]
-    print("| GPUs | candidates | correct | verify s | candidates/hour | vs first | verdicts as first |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    fixed = max(0.0, base - float(first["eval_s"].sum()) / counts[0])
+    print("| GPUs | candidates | correct | verify s | referee s | candidates/hour | vs first | bound | same verdicts |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for count in counts:
         verdicts = pd.read_parquet(work / f"verified_{count}.parquet").set_index("candidate_id")
         same = int((verdicts[KEPT].reindex(first.index) == first[KEPT]).all(axis=1).sum())
-        seconds, n = seconds_of[str(count)], len(verdicts)
+        seconds, n, busy = seconds_of[str(count)], len(verdicts), float(verdicts["eval_s"].sum())
+        bound = base / (fixed + max(busy / count, float(verdicts["eval_s"].max())))
         print(
-            f"| {count} | {n} | {int(verdicts['correct'].sum())} | {seconds:.0f} | {n / seconds * 3600:,.0f} "
-            f"| {base / seconds:.2f}x | {same}/{n} |"
+            f"| {count} | {n} | {int(verdicts['correct'].sum())} | {seconds:.0f} | {busy:.0f} "
+            f"| {n / seconds * 3600:,.0f} | {base / seconds:.2f}x | {bound:.2f}x | {same}/{n} |"
         )
 
 
