@@ -2,10 +2,11 @@
 
     python benchmarks/verify_gpus.py --config CONFIG --candidates CANDS.parquet --tasks TASKS.parquet --gpus 1 2
 
-The candidates are compiled once (`concur compile`, the CPU pool), then `concur verify` checks and times them with
-CUDA_VISIBLE_DEVICES set to the first N GPUs (one referee a GPU, its turns exclusive on that GPU). The table gives
-the verify wall time, candidates per hour, the speedup over the first GPU count, and how many verdicts (status and
-correctness) match the first count's.
+The candidates are compiled once (`concur compile`, the CPU pool; `--gpus` with no count compiles only), then
+`concur verify` checks and times them with CUDA_VISIBLE_DEVICES set to the first N GPUs (one referee a GPU, its turns
+exclusive on that GPU). The table gives the verify wall time, the candidates' time on the referees, candidates per
+hour, the speedup over the first GPU count and its bound, and how many verdicts (status and correctness) match the
+first count's.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True)
     parser.add_argument("--candidates", required=True)
     parser.add_argument("--tasks", required=True)
-    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--gpus", type=int, nargs="*", default=[1, 2], help="none: compile only")
     parser.add_argument("--workdir", default="results/bench/verify_gpus")
     args = parser.parse_args(argv)
 
@@ -66,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         times.write_text(json.dumps(seconds_of))
         print(f"{count} GPU(s): verified in {seconds_of[str(count)]:.0f} s", flush=True)
-    table(work, seconds_of)
+    if seconds_of:
+        table(work, seconds_of)
 
 
 def table(work: Path, seconds_of: dict) -> None:
