@@ -273,7 +273,7 @@ def measure(args) -> dict:
     tokenizer = models.load_tokenizer(spec)
     n = args.records or max(8, args.gpus * args.accumulation * (args.warmup + args.steps))
     lengths = dataset(tokenizer, n, args.min_tokens, args.max_tokens, args.seed, work / "rows.parquet")
-    settings = settings_for(args, args.gpus, args.distributed)
+    settings = settings_for(args, args.gpus, args.distributed, checkpoint_layers=args.checkpoint_layers)
     name = f"{args.recipe}-{args.distributed}-{args.gpus}"
     out = work / name
     started = time.perf_counter()
@@ -297,6 +297,7 @@ def measure(args) -> dict:
         "distributed": args.distributed,
         "gpus": args.gpus,
         "attn": args.attn_implementation or "sdpa",
+        "recomputed": "all" if args.checkpoint_layers is None or args.recipe != "ours" else args.checkpoint_layers,
         "records": f"{args.min_tokens}-{args.max_tokens}",
         "tokens_per_step": tokens / len(timed),
         "step_s": seconds / len(timed),
@@ -372,8 +373,19 @@ def plain_worker(job_file: Path) -> None:
 
 
 def table(results: list[dict], peak: float | None) -> str:
-    columns = ["recipe", "distributed", "GPUs", "attn", "tok/step", "s/step", "tok/s/GPU", "MFU", "peak GiB"]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(["---"] * 4 + ["---:"] * 5) + "|"]
+    columns = [
+        "recipe",
+        "distributed",
+        "GPUs",
+        "attn",
+        "recomputed",
+        "tok/step",
+        "s/step",
+        "tok/s/GPU",
+        "MFU",
+        "peak GiB",
+    ]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(["---"] * 5 + ["---:"] * 5) + "|"]
     for r in results:
         mfu = r["tokens_per_s_per_gpu"] * r["model_flops_per_token"] / (peak * 1e12) if peak else None
         gib = r.get("peak_gpu_gib") or r.get("peak_allocator_gib")
@@ -382,6 +394,7 @@ def table(results: list[dict], peak: float | None) -> str:
             r["distributed"] if r["gpus"] > 1 else "-",
             str(r["gpus"]),
             r["attn"],
+            str(r.get("recomputed", "all")),
             f"{r['tokens_per_step']:,.0f}",
             f"{r['step_s']:.2f}",
             f"{r['tokens_per_s_per_gpu']:,.0f}",
@@ -553,6 +566,7 @@ def main(argv: list[str] | None = None) -> None:
         one.add_argument("--distributed", default="fsdp", choices=("ddp", "fsdp", "deepspeed_zero3"))
         one.add_argument("--recipe", default="ours", choices=("ours", "plain"))
         one.add_argument("--attn-implementation")
+        one.add_argument("--checkpoint-layers", type=int, help="train.checkpoint_layers (ours): layers recomputed")
         one.add_argument("--records", type=int, default=0, help="default: enough for every step")
         one.add_argument("--min-tokens", type=int, default=8192)
         one.add_argument("--max-tokens", type=int, default=16384, help="also train.max_length")

@@ -574,6 +574,37 @@ def test_bf16_packed_training_with_gradient_checkpointing_on_cuda(tmp_path):
     )
 
 
+def test_checkpoint_layers_keeps_the_rest_of_the_layers_activations_and_the_same_gradients():
+    """`train.checkpoint_layers: 1` of 4: one decoder layer recomputes in the backward pass, three keep their
+    activations; the gradients are those of checkpointing every layer. null leaves every layer checkpointed."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    torch.manual_seed(0)
+    arch = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2)
+    ids = torch.randint(0, 64, (2, 12))
+
+    def gradients(layers):
+        model = LlamaForCausalLM(arch)
+        model.load_state_dict(base)
+        model.train()
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+        args = SimpleNamespace(gradient_checkpointing=True)
+        sft_trainer.CheckpointedLayers(layers).on_train_begin(args, None, None, model=model)
+        flags = [m.gradient_checkpointing for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        model(input_ids=ids, labels=ids).loss.backward()
+        return flags, [p.grad.clone() for p in model.parameters()]
+
+    base = LlamaForCausalLM(arch).state_dict()
+    every, every_grads = gradients(None)
+    one, one_grads = gradients(1)
+    assert every == [True] * 4 and one == [True, False, False, False]
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(every_grads, one_grads))
+    assert concur_config.with_defaults("train", {})["checkpoint_layers"] is None
+
+
 # --- the throughput benchmark -------------------------------------------------------------------------------------
 
 

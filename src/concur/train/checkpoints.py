@@ -26,6 +26,7 @@ RESUMABLE_ACROSS = (
     "save_steps",
     "distributed",
     "accelerate_config",
+    "checkpoint_layers",
 )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PrinterCallback, TrainingArguments, set_seed
+from transformers import PrinterCallback, TrainerCallback, TrainingArguments, set_seed
 from trl import SFTConfig
 
 from .. import config, io
@@ -158,6 +158,7 @@ def _summary(records, examples, n_dropped, trainer, log, model_spec, settings, d
         "distributed": settings["distributed"] if trainer.args.world_size > 1 else None,
         "precision": "bf16" if trainer.args.bf16 else "fp32",
         "gradient_checkpointing": bool(trainer.args.gradient_checkpointing),
+        "checkpoint_layers": settings["checkpoint_layers"] if trainer.args.gradient_checkpointing else 0,
         "packing": settings["packing"],
         "max_length": settings["max_length"],
         "base_model": dict(model_spec),
@@ -250,11 +251,37 @@ def build_trainer(records, model_spec, settings, tokenizer, args, device: str, l
         train_dataset=Dataset.from_list([prompt_completion(r) for r in records]),
         processing_class=tokenizer,
         peft_config=_lora_config(settings["lora"]),
-        callbacks=[ProgressCallback(log_path)],
+        callbacks=[ProgressCallback(log_path), CheckpointedLayers(settings["checkpoint_layers"])],
     )
     trainer.remove_callback(PrinterCallback)  # one JSON line per step goes to train_log.jsonl instead
     trainer.fused_loss = device == "cuda"
     return trainer
+
+
+class CheckpointedLayers(TrainerCallback):
+    """`train.checkpoint_layers`: as training begins (gradient checkpointing is on by then, on every layer), only the
+    first `layers` decoder layers keep recomputing their activations in the backward pass; the others keep them,
+    which costs memory and saves a forward pass of each. None: every layer recomputes."""
+
+    def __init__(self, layers: int | None):
+        self.layers = layers
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.layers is not None and model is not None and args.gradient_checkpointing:
+            limit_checkpointing(model, self.layers)
+
+
+def limit_checkpointing(model, layers: int) -> int:
+    """Turn gradient checkpointing off on every checkpointed layer of `model` after the first `layers` (transformers'
+    per-layer flag, kept through FSDP's and DeepSpeed's wrapping); how many layers still recompute."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    checkpointed = [
+        m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing
+    ]
+    for module in checkpointed[layers:]:
+        module.gradient_checkpointing = False
+    return min(layers, len(checkpointed))
 
 
 def _resolved_dtype(model_spec: dict, device: str) -> dict:
