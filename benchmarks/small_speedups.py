@@ -6,8 +6,9 @@ cold, as in a timed batch), CUDA events around each loop of at least 20 ms, the 
 `--repeats` loops; its speedup is the ratio of the two, as the verifier's is of its quickest batches (the medians'
 ratio is shown beside it). The verifier's comes from `verify_frame` on the same candidates. The table shows both
 side by side and their ratio (the target: within 10 % on every row). `--doorbell both` verifies the candidates with
-the timed steps on the doorbell and on the socket alone, a row each; `--cupti` adds a plain reading taken after one
-profiled call of each model, so CUPTI stays attached as it does in the verifier's processes.
+the timed steps on the doorbell and on the socket alone, a row each; `--launch-core both` with each side's main
+thread on the launch core while it is timed and from its take on (orchestrate.LAUNCH_CORE); `--cupti` adds a plain
+reading taken after one profiled call of each model, so CUPTI stays attached as it does in the verifier's processes.
 
     python benchmarks/small_speedups.py --variants fast,fast_vec --sizes 256x1024,1024x1024,4096x4096
 """
@@ -88,13 +89,21 @@ def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = Fals
     return found
 
 
-def verifier(variants: list[str], sizes: list[str], mode: str, work: Path, cache: Path, doorbell: bool = True) -> dict:
+def verifier(
+    variants: list[str],
+    sizes: list[str],
+    mode: str,
+    work: Path,
+    cache: Path,
+    doorbell: bool = True,
+    core: str = "timed",
+) -> dict:
     from verify_cuda_solutions import solution
     from verify_frames import candidates_frame, tasks_frame
 
     from concur.verify import compile_frame, orchestrate, verify_frame
 
-    orchestrate.DOORBELL = doorbell  # the referees start again with it (their pool's key holds it)
+    orchestrate.DOORBELL, orchestrate.LAUNCH_CORE = doorbell, core  # the referees start again (their pool's key)
 
     tasks = tasks_frame([(f"relu_add_{size}", task_code(size)) for size in sizes])
     candidates = candidates_frame(
@@ -115,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", default="hardened", choices=["hardened", "kernelbench"])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--doorbell", choices=["on", "off", "both"], default="on")
+    parser.add_argument("--launch-core", choices=["timed", "taken", "both"], default="timed")
     parser.add_argument("--cupti", action="store_true", help="also a plain reading with CUPTI attached")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: the independent reading of one variant
     parser.add_argument("--attach-cupti", action="store_true", help=argparse.SUPPRESS)
@@ -138,10 +148,15 @@ def main(argv: list[str] | None = None) -> None:
             plain[label][v] = json.loads(child.stdout.strip().splitlines()[-1])
             print(json.dumps({"reading": label, "variant": v, **plain[label][v]}), flush=True)  # kept if cut short
     bells = {"on": [True], "off": [False], "both": [True, False]}[args.doorbell]
+    holds = ["timed", "taken"] if args.launch_core == "both" else [args.launch_core]
     judged = {}
     for bell in bells:
-        judged[bell] = verifier(args.variants, args.sizes, args.mode, work / f"bell-{bell}", work / "cache", bell)
-        print(json.dumps({"reading": f"verifier, doorbell {bell}", **judged[bell]}), flush=True)
+        for core in holds:
+            label = f"verifier, doorbell {'on' if bell else 'off'}" + (f", core {core}" if len(holds) > 1 else "")
+            judged[label] = verifier(
+                args.variants, args.sizes, args.mode, work / f"v-{bell}-{core}", work / "cache", bell, core
+            )
+            print(json.dumps({"reading": label, **judged[label]}), flush=True)
     print("| task | variant | reading | ref / kernel ms (quickest) | speedup | vs plain loop |")
     print("|---|---|---|---:|---:|---:|")
     for size in args.sizes:
@@ -155,10 +170,10 @@ def main(argv: list[str] | None = None) -> None:
                     f"| {size} | {v} | {label} | {r['eager_ms']:.4f} / {r['kernel_ms']:.4f} | "
                     f"{ratio:.2f} (medians' {r['median_ratio']:.2f}) | {ratio / other:.3f} |"
                 )
-            for bell, table in judged.items():
+            for label, table in judged.items():
                 status, speedup, ref_ms, new_ms = table[f"{size}:{v}"]
                 print(
-                    f"| {size} | {v} | verifier, doorbell {'on' if bell else 'off'} | {ref_ms:.4f} / {new_ms:.4f} | "
+                    f"| {size} | {v} | {label} | {ref_ms:.4f} / {new_ms:.4f} | "
                     f"{speedup:.2f} ({status}) | {speedup / other:.3f} |"
                 )
 

@@ -1055,7 +1055,7 @@ def test_a_timed_sides_main_thread_is_on_the_launch_core_only_while_timed():
             time.sleep(0.01)
         gone = types.SimpleNamespace(pid=2**22 + 1)
         judge = types.SimpleNamespace(
-            main_core=main_core, rest=rest, judged=[types.SimpleNamespace(pid=child.pid), gone]
+            main_core=main_core, rest=rest, judged=[types.SimpleNamespace(pid=child.pid), gone], pin="timed"
         )
         judge.timing, judge.pool, judge.settle = 0, [], lambda: None
         judge.place = lambda timing: referee.Referee.place(judge, timing)

@@ -77,8 +77,8 @@ class Referee:
         self.confine = bool(hello.get("confine", True))
         self.active, self.spare = split_cores(hello.get("cpus"), self.threads)
         # hardened on a GPU: a timed side's main thread on a core of its own, the same for both sides (`place`)
-        launch_core = self.device == "cuda" and bool(hello.get("launch_core"))
-        self.main_core, self.rest = timing_core(self.active) if launch_core else (None, self.active)
+        self.pin = str(hello.get("launch_core") or "off") if self.device == "cuda" else "off"  # orchestrate.LAUNCH_CORE
+        self.main_core, self.rest = timing_core(self.active) if self.pin != "off" else (None, self.active)
         if self.rest:  # this process and the contestant being judged never share cores with starting ones
             os.sched_setaffinity(0, self.rest)
         self.cores, self.nice = os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0)
@@ -219,6 +219,9 @@ class Referee:
         runner.ready()
         if self.rest:
             procs.move_threads(runner.pid, self.rest)
+        if self.main_core is not None and self.pin == "taken":  # threads it starts from now on start there too
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(runner.pid, [self.main_core])
         self.judged.append(runner)
         return runner
 
@@ -227,7 +230,7 @@ class Referee:
         apart (`timing_core`): every thread on the rest of the cores, and while a side is timed, each side's main
         thread on the launch core. Only then: threads and compile workers a side starts at other times, which
         inherit its main thread's cores, keep the rest."""
-        if self.main_core is None:
+        if self.main_core is None or self.pin == "taken":  # "taken": placed once, by `take`
             return
         self.judged = [r for r in self.judged if r.pid and os.path.isdir(f"/proc/{r.pid}")]
         for runner in self.judged:
