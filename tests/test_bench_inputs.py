@@ -28,3 +28,65 @@ def test_the_gpu_scaling_table_bounds_each_count_by_its_fixed_part_and_longest_c
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[2:]]
     assert [r[7].strip() for r in rows] == ["1.00x", "1.67x", "1.43x"]
     assert [r[6].strip() for r in rows] == ["1.00x", "1.60x", "1.25x"] and all(r[8].strip() == "4/4" for r in rows)
+
+
+PARITYBENCH_STYLE = """
+import sys
+_module = sys.modules[__name__]
+models = _module
+from torch.nn import Module
+import math, numpy, torch
+import numpy as np
+
+
+def scale_of(x):
+    return math.sqrt(x)
+
+
+class Unused(Module):
+    pass
+
+
+class Scaled(Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.scale = scale_of(cfg.dim)
+
+    def forward(self, x):
+        return torch.relu(x) * self.scale
+
+
+class KeywordOnly(Module):
+    def forward(self, x, mask=None):
+        return x
+
+
+TESTCASES = [
+    # (nn.Module, init_args, forward_args, jit_compiles)
+    (Scaled,
+     lambda: ([], {'cfg': _mock_config(dim=4)}),
+     lambda: ([torch.rand([4, 4])], {}),
+     True),
+    (KeywordOnly,
+     lambda: ([], {}),
+     lambda: ([torch.rand([4])], {'mask': torch.rand([4])}),
+     False),
+]
+"""
+
+
+def test_paritybench_test_cases_become_kernelbook_rows_the_loader_takes(tmp_path):
+    """A module, the definitions it reaches (not the others), the imports it names, its test case's inputs; a test
+    case with keyword forward inputs has no KernelBook shape and is counted, not built."""
+    from concur.tasks import adapt_kernelbook
+
+    bench = load_benchmark("kernelbook_programs")
+    (tmp_path / "test_someone_repo.py").write_text(PARITYBENCH_STYLE)
+    rows, skipped = bench.rows_of(tmp_path, 10)
+    assert [r["entry_point"] for r in rows] == ["Scaled"] and sum(skipped.values()) == 1
+    code = rows[0]["python_code"]
+    assert "def scale_of" in code and "Unused" not in code and "import math" in code and "_module" not in code
+    namespace: dict = {}
+    exec(adapt_kernelbook(code, "Scaled"), namespace)
+    model = namespace["Model"](*namespace["get_init_inputs"]())
+    assert model(*namespace["get_inputs"]()).shape == (4, 4) and model.scale == 2.0

@@ -1,0 +1,172 @@
+"""The tasks stage on KernelBook's own source programs: pytorch-jit-paritybench's modules, as KernelBook rows.
+
+KernelBook's PyTorch programs were cut out of pytorch-jit-paritybench's generated test files (one `nn.Module` and
+what it uses, with the file's test case as `get_inputs()` and `get_init_inputs()`). The hub's export cannot be
+downloaded where this runs; the paritybench checkout can (`fetch`, never committed). This script rebuilds rows in
+KernelBook's format from it, the same way in outline (the module and the top-level definitions it reaches, the
+imports it names, its test case's inputs), then runs the tasks stage on them as a `kernelbook` source and prints
+what came through and why the rest did not:
+
+    python benchmarks/kernelbook_programs.py --paritybench <checkout>/generated --files 200 --out results/bench/kb_like
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER = ["import torch", "import torch.nn as nn", "import torch.nn.functional as F"]
+# names paritybench's files import at the top, as KernelBook's programs import them
+IMPORTS = {
+    "np": "import numpy as np",
+    "Tensor": "from torch import Tensor",
+    "Module": "from torch.nn import Module",
+    "Function": "from torch.autograd import Function",
+    "Variable": "from torch.autograd import Variable",
+    "Parameter": "from torch.nn import Parameter",
+    "init": "from torch.nn import init",
+    **{m: f"import {m}" for m in "math numbers itertools functools collections copy random typing string re".split()},
+    **{m: f"import {m}" for m in "warnings time abc enum inspect types queue uuid numpy".split()},
+}
+SKIP = {"torch", "nn", "F", "TESTCASES"}
+# a config object that is only read by attribute: what the test cases' `_mock_config(key=value, ...)` stands for
+MOCK_CONFIG = "def _mock_config(**values):\n    return types.SimpleNamespace(**values)"
+
+
+def definitions(tree: ast.Module) -> dict[str, ast.stmt]:
+    """The file's top-level classes, functions and simple assignments, by name (the last one wins)."""
+    found: dict[str, ast.stmt] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            found[node.name] = node
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if not isinstance(node.value, ast.Name):  # `QANet = _module`: paritybench's module aliases
+                found[node.targets[0].id] = node
+    return found
+
+
+def reached(entry: str, defs: dict[str, ast.stmt]) -> tuple[list[str], set[str]]:
+    """The definitions `entry` needs (itself included), in the file's order, and the other names it uses."""
+    needed, todo, free = set(), [entry], set()
+    while todo:
+        name = todo.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        for node in ast.walk(defs[name]):
+            if isinstance(node, ast.Name) and node.id not in SKIP:
+                if node.id in defs:
+                    todo.append(node.id)
+                else:
+                    free.add(node.id)
+    order = [name for name in defs if name in needed]
+    return order, free
+
+
+def test_cases(tree: ast.Module) -> list[tuple[str, ast.expr, ast.expr]]:
+    """(module name, init lambda body, forward lambda body) of each TESTCASES entry."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "TESTCASES":
+            cases = []
+            for item in getattr(node.value, "elts", []):
+                if isinstance(item, ast.Tuple) and len(item.elts) >= 3 and isinstance(item.elts[0], ast.Name):
+                    init, call = item.elts[1], item.elts[2]
+                    if isinstance(init, ast.Lambda) and isinstance(call, ast.Lambda):
+                        cases.append((item.elts[0].id, init.body, call.body))
+            return cases
+    return []
+
+
+def program(source: str, tree: ast.Module, entry: str, init: ast.expr, call: ast.expr) -> str | None:
+    """KernelBook's shape of one test case: imports, the definitions it reaches, get_inputs, get_init_inputs.
+    None where the test case passes keyword inputs to forward (KernelBook's get_inputs is positional)."""
+    if not (isinstance(call, ast.Tuple) and len(call.elts) == 2 and isinstance(call.elts[1], ast.Dict)):
+        return None
+    if call.elts[1].keys or not isinstance(init, ast.Tuple) or len(init.elts) != 2:
+        return None
+    defs = definitions(tree)
+    if entry not in defs:
+        return None
+    order, free = reached(entry, defs)
+    mocked = "_mock_config" in ast.unparse(init) or "_mock_config" in free  # paritybench's stand-in for configs
+    imports = HEADER + sorted({IMPORTS[n] for n in free if n in IMPORTS} | ({"import types"} if mocked else set()))
+    body = [ast.get_source_segment(source, defs[name]) or ast.unparse(defs[name]) for name in order]
+    if mocked:
+        body.insert(0, MOCK_CONFIG)
+    inputs = ast.unparse(call.elts[0])
+    return "\n".join(
+        imports
+        + ["", ""]
+        + [b + "\n\n" for b in body]
+        + ["def get_inputs():", f"    return {inputs}", "", "", "def get_init_inputs():"]
+        + [f"    return [{ast.unparse(init.elts[0])}, {ast.unparse(init.elts[1])}]", ""]
+    )
+
+
+def rows_of(paritybench: Path, files: int) -> tuple[list[dict], collections.Counter]:
+    rows, skipped = [], collections.Counter()
+    for path in sorted(paritybench.glob("test_*.py"))[:files]:
+        source = path.read_text(errors="replace")
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            skipped["file does not parse"] += 1
+            continue
+        repo = path.stem.removeprefix("test_")
+        for entry, init, call in test_cases(tree):
+            code = program(source, tree, entry, init, call)
+            if code is None:
+                skipped["keyword forward inputs or no definition"] += 1
+                continue
+            uuid = hashlib.sha256(f"{repo}.{entry}".encode()).hexdigest()[:16]
+            rows.append(
+                {"uuid": uuid, "entry_point": entry, "python_code": code, "repo_name": repo, "module_name": entry}
+            )
+    return rows, skipped
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--paritybench", required=True, help="the generated/ folder of a pytorch-jit-paritybench checkout"
+    )
+    parser.add_argument("--files", type=int, default=200, help="the first N generated files, by name")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", default="results/bench/kernelbook_like")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    from concur.tasks.stage import build_tasks
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, skipped = rows_of(Path(args.paritybench), args.files)
+    export = out / "kernelbook_rows.jsonl"
+    export.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    started = time.perf_counter()
+    tables = build_tasks([{"kind": "kernelbook", "path": str(export)}], {"drop_contaminated": False}, args.workers)
+    seconds = time.perf_counter() - started
+    for name, frame in tables.items():
+        frame.to_parquet(out / f"{name}.parquet")
+    train, rejected = tables["train"], tables["rejected"]
+    print(f"| rows built from {args.files} files | {len(rows)} (not built: {dict(skipped) or 'none'}) |")
+    print("|---|---|")
+    print(f"| tasks (train) | {len(train)} |")
+    print(f"| degenerate (probed on the CPU) | {int(train['degenerate'].fillna(False).sum())} |")
+    print(f"| not run (over the stage's limits) | {len(tables['unchecked'])} |")
+    print(f"| rejected | {len(rejected)} |")
+    print(f"| stage wall time | {seconds:.0f} s on {args.workers} workers |")
+    reasons = collections.Counter(str(r).split(":")[0][:90] for r in rejected["reason"])
+    print("\n| rejected because | rows |\n|---|---:|")
+    for reason, n in reasons.most_common(12):
+        print(f"| {reason} | {n} |")
+
+
+if __name__ == "__main__":
+    main()
