@@ -33,7 +33,7 @@ IMPORTS = {
     "Parameter": "from torch.nn import Parameter",
     "init": "from torch.nn import init",
     **{m: f"import {m}" for m in "math numbers itertools functools collections copy random typing string re".split()},
-    **{m: f"import {m}" for m in "warnings time abc enum inspect types queue uuid numpy".split()},
+    **{m: f"import {m}" for m in "warnings time abc enum inspect types queue uuid numpy logging".split()},
 }
 SKIP = {"torch", "nn", "F", "TESTCASES"}
 # a config object that is only read by attribute: what the test cases' `_mock_config(key=value, ...)` stands for
@@ -50,6 +50,30 @@ def definitions(tree: ast.Module) -> dict[str, ast.stmt]:
             if not isinstance(node.value, ast.Name):  # `QANet = _module`: paritybench's module aliases
                 found[node.targets[0].id] = node
     return found
+
+
+def imports_of(tree: ast.Module) -> dict[str, str]:
+    """The file's own top-level imports, one statement per name they bind (paritybench's mocks left out)."""
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found[(alias.asname or alias.name).split(".")[0]] = ast.unparse(ast.Import(names=[alias]))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] in ("_paritybench_helpers", "unittest"):
+                continue
+            for alias in node.names:
+                if alias.name != "*":
+                    statement = ast.ImportFrom(module=node.module, names=[alias], level=0)
+                    found[alias.asname or alias.name] = ast.unparse(statement)
+    return found
+
+
+def source_of(source: str, node: ast.stmt) -> str:
+    """A definition as the file writes it, its decorators included."""
+    lines = source.splitlines()
+    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return "\n".join(lines[start - 1 : node.end_lineno])
 
 
 def reached(entry: str, defs: dict[str, ast.stmt]) -> tuple[list[str], set[str]]:
@@ -96,8 +120,10 @@ def program(source: str, tree: ast.Module, entry: str, init: ast.expr, call: ast
         return None
     order, free = reached(entry, defs)
     mocked = "_mock_config" in ast.unparse(init) or "_mock_config" in free  # paritybench's stand-in for configs
-    imports = HEADER + sorted({IMPORTS[n] for n in free if n in IMPORTS} | ({"import types"} if mocked else set()))
-    body = [ast.get_source_segment(source, defs[name]) or ast.unparse(defs[name]) for name in order]
+    own = imports_of(tree)
+    named = {own.get(n) or IMPORTS.get(n) for n in free} - {None} - set(HEADER)
+    imports = HEADER + sorted(named | ({"import types"} if mocked else set()))
+    body = [source_of(source, defs[name]) for name in order]
     if mocked:
         body.insert(0, MOCK_CONFIG)
     inputs = ast.unparse(call.elts[0])
@@ -132,6 +158,13 @@ def rows_of(paritybench: Path, files: int) -> tuple[list[dict], collections.Coun
     return rows, skipped
 
 
+def reason_kind(reason: str) -> str:
+    """A rejection reason without its particulars: `duplicate`, or the reason and the exception's type."""
+    if reason.startswith("duplicate of"):
+        return "duplicate of another row"
+    return ": ".join(reason.split(": ")[:2])[:90]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -162,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"| not run (over the stage's limits) | {len(tables['unchecked'])} |")
     print(f"| rejected | {len(rejected)} |")
     print(f"| stage wall time | {seconds:.0f} s on {args.workers} workers |")
-    reasons = collections.Counter(str(r).split(":")[0][:90] for r in rejected["reason"])
+    reasons = collections.Counter(reason_kind(str(r)) for r in rejected["reason"])
     print("\n| rejected because | rows |\n|---|---:|")
     for reason, n in reasons.most_common(12):
         print(f"| {reason} | {n} |")
