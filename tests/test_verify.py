@@ -182,6 +182,16 @@ def test_a_relative_workdir_works(settings, tmp_path, monkeypatch):
     assert verdict["status"] == "correct", verdict["reason"]
 
 
+def test_programs_that_read_their_own_source_are_judged(settings, tmp_path):
+    """A reference and a candidate with a @torch.jit.script function (TorchScript compiles it from its source lines,
+    read through linecache: the programs are run from strings, the reference from no file at all)."""
+    from test_tasks import SCRIPTED
+
+    candidate = SCRIPTED.replace("class Model(", "class ModelNew(")
+    verdict = verify_one(SCRIPTED, candidate, settings, tmp_path)
+    assert verdict["status"] == "correct", verdict["reason"]
+
+
 def our_processes(folder: Path) -> list[int]:
     """Processes whose working directory lies under `folder` (the killed job, its referee, zygotes, contestants)."""
     found = []

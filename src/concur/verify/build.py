@@ -13,6 +13,7 @@ ever cost it a verdict.
 from __future__ import annotations
 
 import inspect
+import linecache
 import os
 import re
 import sys
@@ -52,10 +53,13 @@ def first_error_line(message: str) -> str:
 
 
 def exec_program(source: str, filename: str, module_name: str) -> dict:
-    """Run a program as a fresh module and return its namespace (registered in sys.modules for pickling)."""
+    """Run a program as a fresh module and return its namespace (registered in sys.modules for pickling). Its lines
+    are in linecache under `filename`, so code that reads its own source finds it (TorchScript's @torch.jit.script,
+    inspect.getsource) whether or not a file of that name holds it."""
     module = types.ModuleType(module_name)
     module.__file__ = filename
     sys.modules[module_name] = module
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), module.__dict__)
     return module.__dict__
 
