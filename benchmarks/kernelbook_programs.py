@@ -17,6 +17,7 @@ import ast
 import collections
 import hashlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -71,7 +72,7 @@ def imports_of(tree: ast.Module) -> dict[str, str]:
 
 def source_of(source: str, node: ast.stmt) -> str:
     """A definition as the file writes it, its decorators included."""
-    lines = source.splitlines()
+    lines = re.split(r"\r\n|\r|\n", source)  # the parser's line breaks (splitlines also breaks at \f and others)
     start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
     return "\n".join(lines[start - 1 : node.end_lineno])
 
