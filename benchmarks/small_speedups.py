@@ -90,20 +90,14 @@ def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = Fals
 
 
 def verifier(
-    variants: list[str],
-    sizes: list[str],
-    mode: str,
-    work: Path,
-    cache: Path,
-    doorbell: bool = True,
-    core: str = "timed",
+    variants: list[str], sizes: list[str], mode: str, work: Path, cache: Path, bell=True, core="timed"
 ) -> dict:
     from verify_cuda_solutions import solution
     from verify_frames import candidates_frame, tasks_frame
 
     from concur.verify import compile_frame, orchestrate, verify_frame
 
-    orchestrate.DOORBELL, orchestrate.LAUNCH_CORE = doorbell, core  # the referees start again (their pool's key)
+    orchestrate.DOORBELL, orchestrate.LAUNCH_CORE = bell, core  # the referees start again (their pool's key)
 
     tasks = tasks_frame([(f"relu_add_{size}", task_code(size)) for size in sizes])
     candidates = candidates_frame(
