@@ -334,16 +334,19 @@ def test_a_contestant_may_open_its_own_gpus_node_and_no_other(tmp_path):
     """The honest case: the referee's GPU and every shared node (control, UVM, MIG caps) stay open to it. The
     attack it stops: starting work on another referee's GPU (a helper with another CUDA_VISIBLE_DEVICES)."""
     proc, dev = fake_driver(tmp_path, {"aaaa-1": 0, "bbbb-2": 1, "cccc-3": 3})
-    names = lambda nodes: sorted(Path(n).name for n in nodes)  # noqa: E731
+
+    def nodes(uuid: str | None, at: str = proc, where: str = dev) -> list[str]:
+        return sorted(Path(n).name for n in sandbox.gpu_nodes(sandbox.gpu_minor(uuid, at) if uuid else None, where))
+
     shared = ["nvidia-caps", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]
-    assert names(sandbox.gpu_nodes("bbbb-2", proc, dev)) == sorted([*shared, "nvidia1"])
-    assert names(sandbox.gpu_nodes("GPU-CCCC-3", proc, dev)) == sorted([*shared, "nvidia3"])  # as torch or NVML say it
+    assert nodes("bbbb-2") == sorted([*shared, "nvidia1"])
+    assert nodes("GPU-CCCC-3") == sorted([*shared, "nvidia3"])  # as torch or NVML say it
     # a GPU the driver does not list (a MIG instance, no /proc): every node, as without the rule
-    assert names(sandbox.gpu_nodes("MIG-dddd", proc, dev)) == sorted([*shared, "nvidia0", "nvidia1", "nvidia3"])
-    assert names(sandbox.gpu_nodes("bbbb-2", str(tmp_path / "none"), dev)) == names(sandbox.gpu_nodes(None, proc, dev))
-    assert sandbox.gpu_nodes("bbbb-2", proc, str(tmp_path / "nodev")) == []
+    assert nodes("MIG-dddd") == sorted([*shared, "nvidia0", "nvidia1", "nvidia3"])
+    assert nodes("bbbb-2", at=str(tmp_path / "none")) == nodes(None)
+    assert nodes("bbbb-2", where=str(tmp_path / "nodev")) == []
     (Path(dev) / "nvidia3").unlink()  # a container that shows the GPU's node under another name: every node
-    assert names(sandbox.gpu_nodes("cccc-3", proc, dev)) == sorted([*shared, "nvidia0", "nvidia1"])
+    assert nodes("cccc-3") == sorted([*shared, "nvidia0", "nvidia1"])
 
 
 GPU_CONFINED = r"""
@@ -388,7 +391,7 @@ def test_a_confined_process_uses_its_gpu_and_cannot_reach_another(tmp_path):
         text=True,
         check=True,
     ).stdout.strip()
-    nodes = sandbox.gpu_nodes(uuid)
+    nodes = sandbox.gpu_nodes(sandbox.gpu_minor(uuid))
     env["CUDA_VISIBLE_DEVICES"] = sandbox.cuda_name(uuid)  # the driver numbers only the GPUs it can open
     assert len([n for n in nodes if Path(n).name[6:].isdigit()]) == 1, (uuid, nodes)
     done = subprocess.run(

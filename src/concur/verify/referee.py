@@ -111,8 +111,9 @@ class Referee:
             self.arena_budget = exchange.arena_budget(props.total_memory)
             self.label = f"cuda:{props.name}"
             uuid = str(getattr(props, "uuid", ""))
-            self.gpu_nodes = sandbox.gpu_nodes(uuid)
-            if uuid and sandbox.gpu_minor(uuid) is not None:  # confined to its node, a contestant knows it by UUID
+            minor = sandbox.gpu_minor(uuid) if uuid else None
+            self.gpu_nodes = sandbox.gpu_nodes(minor)
+            if minor is not None:  # confined to its node, a contestant knows its GPU by UUID
                 os.environ["CUDA_VISIBLE_DEVICES"] = sandbox.cuda_name(uuid)
             self.flush_buffer = torch.empty(
                 2 * (getattr(props, "L2_cache_size", 0) or 64 << 20), dtype=torch.uint8, device="cuda"

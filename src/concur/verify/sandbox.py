@@ -45,16 +45,15 @@ DEVICE_FILES = (
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def gpu_nodes(uuid: str | None, proc: str = "/proc/driver/nvidia/gpus", dev: str = "/dev") -> list[str]:
-    """The device files a process on the GPU with `uuid` may open: every NVIDIA node except other GPUs' own
-    (`/dev/nvidia<minor>`), so that it cannot start work on a GPU its referee does not hold. The driver lists each
-    GPU's UUID and minor number under `proc`; where the GPU is not found there (a MIG instance), or its node is not
-    in `dev` (a container that renamed it), every GPU's node."""
+def gpu_nodes(minor: int | None, dev: str = "/dev") -> list[str]:
+    """The device files a process on the GPU of this minor number (`gpu_minor`) may open: every NVIDIA node except
+    other GPUs' own (`/dev/nvidia<minor>`), so that it cannot start work on a GPU its referee does not hold. Where
+    the GPU is unknown (None: a MIG instance, no driver listing), or its node is not in `dev` (a container that
+    renamed it), every GPU's node."""
     try:
         names = sorted(name for name in os.listdir(dev) if name.startswith("nvidia"))
     except OSError:
         return []
-    minor = gpu_minor(uuid, proc) if uuid else None
     if f"nvidia{minor}" not in names:
         minor = None
     return [
