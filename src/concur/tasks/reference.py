@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import linecache
 import logging
 import os
 import queue
@@ -23,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..logs import Progress
+from ..verify.build import exec_program
 from .programs import REQUIRED_NAMES, error_line
 
 log = logging.getLogger("concur.tasks")
@@ -211,9 +211,7 @@ def _run_reference(code: str, max_input_mb: float, max_gflop: float) -> dict:
 
     torch.set_num_threads(1)
     _limit_memory((4 * max_input_mb + 2048) * _MB)
-    namespace = {"__name__": "concur_task"}
-    linecache.cache["<task>"] = (len(code), None, code.splitlines(True), "<task>")  # TorchScript reads its source
-    exec(compile(code, "<task>", "exec"), namespace)
+    namespace = exec_program(code, "<task>", "concur_task")  # its lines in linecache: TorchScript reads its source
     missing = [name for name in REQUIRED_NAMES if name not in namespace]
     if missing:
         return {"status": "rejected", "reason": f"does not define {', '.join(missing)}"}
