@@ -20,6 +20,7 @@ import json
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,11 +71,23 @@ def imports_of(tree: ast.Module) -> dict[str, str]:
     return found
 
 
-def source_of(source: str, node: ast.stmt) -> str:
-    """A definition as the file writes it, its decorators included."""
-    lines = re.split(r"\r\n|\r|\n", source)  # the parser's line breaks (splitlines also breaks at \f and others)
-    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    return "\n".join(lines[start - 1 : node.end_lineno])
+@dataclass
+class ParityFile:
+    """One generated file, parsed once: its lines (at the parser's line breaks: splitlines also breaks at \f and
+    others), its top-level definitions and its imports."""
+
+    lines: list[str]
+    defs: dict[str, ast.stmt]
+    imports: dict[str, str]
+
+    @classmethod
+    def of(cls, source: str, tree: ast.Module) -> ParityFile:
+        return cls(re.split(r"\r\n|\r|\n", source), definitions(tree), imports_of(tree))
+
+    def source_of(self, node: ast.stmt) -> str:
+        """A definition as the file writes it, its decorators included."""
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        return "\n".join(self.lines[start - 1 : node.end_lineno])
 
 
 def reached(entry: str, defs: dict[str, ast.stmt]) -> tuple[list[str], set[str]]:
@@ -109,22 +122,20 @@ def test_cases(tree: ast.Module) -> list[tuple[str, ast.expr, ast.expr]]:
     return []
 
 
-def program(source: str, tree: ast.Module, entry: str, init: ast.expr, call: ast.expr) -> str | None:
+def program(file: ParityFile, entry: str, init: ast.expr, call: ast.expr) -> str | None:
     """KernelBook's shape of one test case: imports, the definitions it reaches, get_inputs, get_init_inputs.
     None where the test case passes keyword inputs to forward (KernelBook's get_inputs is positional)."""
     if not (isinstance(call, ast.Tuple) and len(call.elts) == 2 and isinstance(call.elts[1], ast.Dict)):
         return None
     if call.elts[1].keys or not isinstance(init, ast.Tuple) or len(init.elts) != 2:
         return None
-    defs = definitions(tree)
-    if entry not in defs:
+    if entry not in file.defs:
         return None
-    order, free = reached(entry, defs)
+    order, free = reached(entry, file.defs)
     mocked = "_mock_config" in ast.unparse(init) or "_mock_config" in free  # paritybench's stand-in for configs
-    own = imports_of(tree)
-    named = {own.get(n) or IMPORTS.get(n) for n in free} - {None} - set(HEADER)
+    named = {file.imports.get(n) or IMPORTS.get(n) for n in free} - {None} - set(HEADER)
     imports = HEADER + sorted(named | ({"import types"} if mocked else set()))
-    body = [source_of(source, defs[name]) for name in order]
+    body = [file.source_of(file.defs[name]) for name in order]
     if mocked:
         body.insert(0, MOCK_CONFIG)
     inputs = ast.unparse(call.elts[0])
@@ -146,9 +157,9 @@ def rows_of(paritybench: Path, files: int) -> tuple[list[dict], collections.Coun
         except SyntaxError:
             skipped["file does not parse"] += 1
             continue
-        repo = path.stem.removeprefix("test_")
+        repo, parsed = path.stem.removeprefix("test_"), ParityFile.of(source, tree)
         for entry, init, call in test_cases(tree):
-            code = program(source, tree, entry, init, call)
+            code = program(parsed, entry, init, call)
             if code is None:
                 skipped["keyword forward inputs or no definition"] += 1
                 continue

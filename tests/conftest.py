@@ -14,11 +14,13 @@ FIXTURES = ROOT / "tests" / "fixtures"
 
 
 def load_benchmark(name: str):
-    """A script of benchmarks/ imported as a module (its `main` not run)."""
+    """A script of benchmarks/ imported as a module (its `main` not run), registered in sys.modules as an import
+    would (dataclasses look their module up there)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
