@@ -366,7 +366,7 @@ def test_a_batchs_clocked_spans_meet_however_long_the_referee_is_held_up_between
     from concur.verify.contestant import leaf_meta
     from concur.verify.referee import Referee
 
-    held_s = 0.02
+    held_s = 0.1  # a gap of one hold fails; preemption of up to half of one passes
 
     def slow_clock(pid):
         time.sleep(held_s)
