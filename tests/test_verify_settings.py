@@ -1,6 +1,7 @@
 """VerifySettings: the schema's `verify` section as one typed object, and every key list read off its fields (the
 compile and verify rules' params, the referee's job, the probe cache key, the command line's options)."""
 
+import ast
 import dataclasses
 import runpy
 from types import SimpleNamespace
@@ -194,3 +195,105 @@ def test_builds_see_the_build_settings_only(tmp_path, monkeypatch):
     api.compile_frame(candidates_frame([("c-1", "t", "x = 1")]), {"device": "cpu", "compile_workers": 2}, tmp_path)
     assert set(seen) == set(VerifySettings.keys(BUILD)) | set(VerifySettings.plan_keys())
     assert seen["compile_workers"] == 2
+
+
+# ---------------------------------------------------------------- what the code reads, statically
+
+VERIFY = ROOT / "src" / "concur" / "verify"
+JOB_EXTRAS = {"precision"}  # what api adds to a job's settings beside the REFEREE fields: the task's own
+
+
+def settings_reads(node) -> set[str]:
+    """The keys read as `settings["key"]` or `settings.get("key", ...)` anywhere under an AST node."""
+    keys = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "settings":
+            if isinstance(n.slice, ast.Constant):
+                keys.add(n.slice.value)
+        elif (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "get"
+            and isinstance(n.func.value, ast.Name)
+            and n.func.value.id == "settings"
+            and n.args
+            and isinstance(n.args[0], ast.Constant)
+        ):
+            keys.add(n.args[0].value)
+    return keys
+
+
+def module_tree(name: str) -> ast.Module:
+    return ast.parse((VERIFY / f"{name}.py").read_text())
+
+
+def verify_imports(tree: ast.Module) -> tuple[set[str], dict[str, set[str]]]:
+    """The concur.verify modules a module imports whole, and the names it takes from the others."""
+    whole, names = set(), {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module == "concur.verify":
+            whole |= {a.name for a in n.names if (VERIFY / f"{a.name}.py").is_file()}
+        elif isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("concur.verify."):
+            names.setdefault(n.module.split(".")[2], set()).update(a.name for a in n.names)
+        elif isinstance(n, ast.Import):
+            whole |= {a.name.split(".")[2] for a in n.names if a.name.startswith("concur.verify.")}
+    return whole, names
+
+
+def reached(tree: ast.Module, wanted: set[str]) -> list[ast.AST]:
+    """The module's top-level definitions named in `wanted`, and those they call by name, transitively."""
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    todo, seen = [w for w in wanted if w in defs], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        calls = {c.func.id for c in ast.walk(defs[name]) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+        todo += [c for c in calls if c in defs]
+    return [defs[name] for name in seen]
+
+
+def process_reads(entry: str) -> dict[str, set[str]]:
+    """module -> the settings keys read by the code a process started at module `entry` can run: every module it
+    imports whole (transitively), and of a module it takes names from, those definitions and what they call."""
+    whole, partial, todo = set(), {}, [entry]
+    while todo:
+        name = todo.pop()
+        if name in whole:
+            continue
+        whole.add(name)
+        more, names = verify_imports(module_tree(name))
+        todo += list(more)
+        for module, taken in names.items():
+            partial.setdefault(module, set()).update(taken)
+    reads = {name: settings_reads(module_tree(name)) for name in whole}
+    for module, taken in partial.items():
+        if module not in whole:
+            reads[module] = set().union(*(settings_reads(n) for n in reached(module_tree(module), taken)))
+    return reads
+
+
+def test_every_key_the_verifier_reads_is_a_setting():
+    fields = {f.name for f in dataclasses.fields(VerifySettings)}
+    for path in sorted(VERIFY.glob("*.py")):
+        assert settings_reads(ast.parse(path.read_text())) <= fields | JOB_EXTRAS, path.name
+
+
+def test_a_referees_code_reads_only_the_settings_it_is_sent():
+    """Checked on the source, so the code paths that run only on a GPU (not in this suite) are covered too: a key
+    outside the REFEREE fields would be a KeyError there, on the device, mid-run."""
+    reads = process_reads("referee")
+    assert {"measure", "evaluation", "reference", "verdict"} <= set(reads)  # found through the imports
+    assert {"timing_trials", "warmup", "signed_trials"} <= set().union(*reads.values())
+    sent = set(VerifySettings.keys(REFEREE)) | JOB_EXTRAS
+    for module, keys in reads.items():
+        assert keys <= sent, f"{module} reads {sorted(keys - sent)}, which a referee is not sent"
+    # verdict.py reads audit_speedup, but only in code the orchestrator runs: a whole import would have found it
+    assert "audit_speedup" in settings_reads(module_tree("verdict")) and "audit_speedup" not in reads["verdict"]
+
+
+def test_a_builds_code_reads_only_build_settings():
+    reads = set().union(*process_reads("compiling").values())
+    assert {"cuda_arch", "light_cuda_headers"} <= reads
+    assert reads <= set(VerifySettings.keys(BUILD)) | set(VerifySettings.plan_keys())
