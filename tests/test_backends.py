@@ -695,6 +695,17 @@ def test_replay_resume_keeps_checkpointed_samples(tmp_path):
     assert len(ckpt.read_text().splitlines()) == 1 + 3
 
 
+def test_replay_reads_json_lines_whose_strings_hold_line_separators(tmp_path):
+    """JSON lets U+2028 and U+0085 stand unescaped in a string (json.dumps with ensure_ascii=False, as
+    concur.io.write_jsonl writes imported runs); str.splitlines would cut such a line in two."""
+    path = tmp_path / "gen.jsonl"
+    responses = ["a\u2028b", "c\x85d", "e\x1cf"]
+    records = [{"task_id": "t/a", "sample_idx": i, "response": r} for i, r in enumerate(responses)]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in records), encoding="utf-8")
+    generations = ReplayBackend(path).generate([Request("t/a", "p")], samples=3)
+    assert sorted(g.response for g in generations) == responses
+
+
 def test_transformers_skips_checkpointed_samples_and_resumes(tmp_path):
     """The backend's batching, prompt cache and skipping, with the model calls replaced: loading SmolLM2 twice is
     too slow. The run is killed after the first answer of sample 1 of the first batch."""

@@ -121,6 +121,21 @@ def test_kernelbook_adapter_keeps_model_when_the_entry_point_is_model():
         adapt_kernelbook(PROGRAM, "Model")
 
 
+@pytest.mark.parametrize("odd", ["\f", "\x0b", "\x1c", "\x85", "\u2028"])
+def test_kernelbook_adapter_splices_at_the_parsers_lines(odd):
+    """ast numbers lines at \\n, \\r\\n and \\r; str.splitlines also breaks at form feeds and other separators.
+    Spliced at those, a KernelBook-style program (one of 5,407 rebuilt from paritybench has a form feed in a
+    docstring) lost its get_inputs body; a splice shifted elsewhere can keep valid Python that computes something
+    else."""
+    code = PROGRAM.replace("def __init__(self, scale):", "def __init__(self, scale=1.0):")
+    code = code.replace("class Model(nn.Module):", f'class Model(nn.Module):\n    """odd{odd}line"""  # {odd}x')
+    code = code.replace("return [2.0]", "return [[], {'scale': 3.0}]")
+    namespace: dict = {}
+    exec(adapt_kernelbook(code, "Model"), namespace)
+    assert namespace["get_init_inputs"]() == [3.0] and len(namespace["get_inputs"]()) == 2
+    assert namespace["Model"].__doc__ == f"odd{odd}line"
+
+
 def test_references_are_sized_on_meta_and_only_small_ones_run_and_are_probed(tmp_path, caplog):
     """One stage over four programs: the checks on the meta device decide what runs on the CPU, only a real run
     rejects, and only programs run for real are probed."""

@@ -96,7 +96,8 @@ def _read_generations(path: Path) -> list[dict]:
         where = lambda i: f"{path} row {i}"  # noqa: E731
     else:
         rows = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        # JSON lines end at "\n" only: a string may hold U+2028 or U+0085 unescaped, where str.splitlines breaks
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
