@@ -40,6 +40,13 @@ IMPORTS = {
 SKIP = {"torch", "nn", "F", "TESTCASES"}
 # a config object that is only read by attribute: what the test cases' `_mock_config(key=value, ...)` stands for
 MOCK_CONFIG = "def _mock_config(**values):\n    return types.SimpleNamespace(**values)"
+# a layer the test cases pass in: paritybench's stand-in is a Linear where both sizes are given, else a ReLU
+MOCK_LAYER = (
+    "def _mock_layer(in_features=None, out_features=None, *args, **kwargs):\n"
+    "    if in_features and out_features:\n"
+    "        return nn.Linear(in_features, out_features, **kwargs)\n"
+    "    return nn.ReLU()"
+)
 
 
 def definitions(tree: ast.Module) -> dict[str, ast.stmt]:
@@ -132,10 +139,13 @@ def program(file: ParityFile, entry: str, init: ast.expr, call: ast.expr) -> str
     if entry not in file.defs:
         return None
     order, free = reached(entry, file.defs)
-    mocked = "_mock_config" in ast.unparse(init) or "_mock_config" in free  # paritybench's stand-in for configs
+    free |= {n.id for n in ast.walk(ast.Tuple(elts=[init, call])) if isinstance(n, ast.Name)} - SKIP - set(order)
+    mocked = "_mock_config" in free  # paritybench's stand-ins for configs and layers
     named = {file.imports.get(n) or IMPORTS.get(n) for n in free} - {None} - set(HEADER)
     imports = HEADER + sorted(named | ({"import types"} if mocked else set()))
     body = [file.source_of(file.defs[name]) for name in order]
+    if "_mock_layer" in free:
+        body.insert(0, MOCK_LAYER)
     if mocked:
         body.insert(0, MOCK_CONFIG)
     inputs = ast.unparse(call.elts[0])
@@ -148,9 +158,9 @@ def program(file: ParityFile, entry: str, init: ast.expr, call: ast.expr) -> str
     )
 
 
-def rows_of(paritybench: Path, files: int) -> tuple[list[dict], collections.Counter]:
+def rows_of(paritybench: Path, files: int, skip: int = 0) -> tuple[list[dict], collections.Counter]:
     rows, skipped = [], collections.Counter()
-    for path in sorted(paritybench.glob("test_*.py"))[:files]:
+    for path in sorted(paritybench.glob("test_*.py"))[skip : skip + files]:
         source = path.read_text(errors="replace")
         try:
             tree = ast.parse(source)
@@ -182,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--paritybench", required=True, help="the generated/ folder of a pytorch-jit-paritybench checkout"
     )
-    parser.add_argument("--files", type=int, default=200, help="the first N generated files, by name")
+    parser.add_argument("--files", type=int, default=200, help="N generated files, in order of name")
+    parser.add_argument("--skip", type=int, default=0, help="after the first K files")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default="results/bench/kernelbook_like")
     args = parser.parse_args(argv)
@@ -191,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, skipped = rows_of(Path(args.paritybench), args.files)
+    rows, skipped = rows_of(Path(args.paritybench), args.files, args.skip)
     export = out / "kernelbook_rows.jsonl"
     export.write_text("".join(json.dumps(r) + "\n" for r in rows))
     started = time.perf_counter()
@@ -200,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, frame in tables.items():
         frame.to_parquet(out / f"{name}.parquet")
     train, rejected = tables["train"], tables["rejected"]
-    print(f"| rows built from {args.files} files | {len(rows)} (not built: {dict(skipped) or 'none'}) |")
+    files = f"{args.skip + 1}-{args.skip + args.files}"
+    print(f"| rows built from files {files} | {len(rows)} (not built: {dict(skipped) or 'none'}) |")
     print("|---|---|")
     print(f"| tasks (train) | {len(train)} |")
     print(f"| degenerate (probed on the CPU) | {int(train['degenerate'].fillna(False).sum())} |")

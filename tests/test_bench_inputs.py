@@ -61,6 +61,19 @@ class KeywordOnly(Module):
         return x
 
 
+class Wrapped(Module):
+    def __init__(self, layer, loss):
+        super().__init__()
+        self.layer, self.loss = layer, loss
+
+    def forward(self, x):
+        return self.loss(self.layer(x), x[:, :2])
+
+
+from torch.nn import MSELoss
+from _paritybench_helpers import _mock_config, _mock_layer
+
+
 TESTCASES = [
     # (nn.Module, init_args, forward_args, jit_compiles)
     (Scaled,
@@ -71,6 +84,10 @@ TESTCASES = [
      lambda: ([], {}),
      lambda: ([torch.rand([4])], {'mask': torch.rand([4])}),
      False),
+    (Wrapped,
+     lambda: ([_mock_layer(4, 2), MSELoss()], {}),
+     lambda: ([torch.rand([3, 4])], {}),
+     True),
 ]
 """
 
@@ -83,7 +100,12 @@ def test_paritybench_test_cases_become_kernelbook_rows_the_loader_takes(tmp_path
     bench = load_benchmark("kernelbook_programs")
     (tmp_path / "test_someone_repo.py").write_text(PARITYBENCH_STYLE)
     rows, skipped = bench.rows_of(tmp_path, 10)
-    assert [r["entry_point"] for r in rows] == ["Scaled"] and sum(skipped.values()) == 1
+    assert [r["entry_point"] for r in rows] == ["Scaled", "Wrapped"] and sum(skipped.values()) == 1
+    # names only the test case uses: the file's own import, and paritybench's layer stand-in (a Linear here)
+    namespace: dict = {}
+    exec(adapt_kernelbook(rows[1]["python_code"], "Wrapped"), namespace)
+    wrapped = namespace["Model"](*namespace["get_init_inputs"]())
+    assert type(wrapped.layer).__name__ == "Linear" and wrapped(*namespace["get_inputs"]()).shape == ()
     code = rows[0]["python_code"]
     assert "def scale_of" in code and "Unused" not in code and "import math" in code and "_module" not in code
     namespace: dict = {}
