@@ -38,8 +38,14 @@ IMPORTS = {
     **{m: f"import {m}" for m in "warnings time abc enum inspect types queue uuid numpy logging".split()},
 }
 SKIP = {"torch", "nn", "F", "TESTCASES"}
-# a config object that is only read by attribute: what the test cases' `_mock_config(key=value, ...)` stands for
-MOCK_CONFIG = "def _mock_config(**values):\n    return types.SimpleNamespace(**values)"
+# what the test cases' `_mock_config(key=value, ...)` stands for: a dict whose keys read as attributes too
+MOCK_CONFIG = (
+    "class _mock_config(dict):\n"
+    "    def __getattr__(self, name):\n"
+    "        if name in self:\n"
+    "            return self[name]\n"
+    "        raise AttributeError(name)"
+)
 # a layer the test cases pass in: paritybench's stand-in is a Linear where both sizes are given, else a ReLU
 MOCK_LAYER = (
     "def _mock_layer(in_features=None, out_features=None, *args, **kwargs):\n"
@@ -140,14 +146,10 @@ def program(file: ParityFile, entry: str, init: ast.expr, call: ast.expr) -> str
         return None
     order, free = reached(entry, file.defs)
     free |= {n.id for n in ast.walk(ast.Tuple(elts=[init, call])) if isinstance(n, ast.Name)} - SKIP - set(order)
-    mocked = "_mock_config" in free  # paritybench's stand-ins for configs and layers
     named = {file.imports.get(n) or IMPORTS.get(n) for n in free} - {None} - set(HEADER)
-    imports = HEADER + sorted(named | ({"import types"} if mocked else set()))
-    body = [file.source_of(file.defs[name]) for name in order]
-    if "_mock_layer" in free:
-        body.insert(0, MOCK_LAYER)
-    if mocked:
-        body.insert(0, MOCK_CONFIG)
+    imports = HEADER + sorted(named)
+    stand_ins = [code for name, code in (("_mock_config", MOCK_CONFIG), ("_mock_layer", MOCK_LAYER)) if name in free]
+    body = stand_ins + [file.source_of(file.defs[name]) for name in order]
     inputs = ast.unparse(call.elts[0])
     return "\n".join(
         imports
