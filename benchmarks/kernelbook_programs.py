@@ -17,13 +17,16 @@ import ast
 import collections
 import hashlib
 import json
-import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from concur.text import source_lines  # noqa: E402
+
 HEADER = ["import torch", "import torch.nn as nn", "import torch.nn.functional as F"]
 # names paritybench's files import at the top, as KernelBook's programs import them
 IMPORTS = {
@@ -86,8 +89,8 @@ def imports_of(tree: ast.Module) -> dict[str, str]:
 
 @dataclass
 class ParityFile:
-    """One generated file, parsed once: its lines (at the parser's line breaks: splitlines also breaks at \f and
-    others), its top-level definitions and its imports."""
+    """One generated file, parsed once: its lines (as the parser numbers them), its top-level definitions and its
+    imports."""
 
     lines: list[str]
     defs: dict[str, ast.stmt]
@@ -95,7 +98,7 @@ class ParityFile:
 
     @classmethod
     def of(cls, source: str, tree: ast.Module) -> ParityFile:
-        return cls(re.split(r"\r\n|\r|\n", source), definitions(tree), imports_of(tree))
+        return cls(source_lines(source), definitions(tree), imports_of(tree))
 
     def source_of(self, node: ast.stmt) -> str:
         """A definition as the file writes it, its decorators included."""
@@ -199,7 +202,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default="results/bench/kernelbook_like")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT / "src"))
     from concur.tasks.stage import build_tasks
 
     out = Path(args.out)

@@ -199,10 +199,12 @@ def get_init_inputs():
 """
 
 
-def test_a_program_that_reads_its_own_source_runs(tmp_path):
+@pytest.mark.parametrize("head", ["", '"""\\frac, not a raw string: a form feed (\f)"""\n'])
+def test_a_program_that_reads_its_own_source_runs(tmp_path, head):
     """TorchScript compiles a @torch.jit.script function from its source lines, which a program run from a string has
-    no file for: 31 of 1,675 KernelBook-style programs (benchmarks/kernelbook_programs.py) were rejected for it."""
-    (tmp_path / "scripted.py").write_text(SCRIPTED)
+    no file for: 31 of 1,675 KernelBook-style programs (benchmarks/kernelbook_programs.py) were rejected for it. The
+    lines are the parser's: with a form feed above the function, str.splitlines' lines put it elsewhere."""
+    (tmp_path / "scripted.py").write_text(head + SCRIPTED)
     out = build_tasks([{"kind": "folder", "path": str(tmp_path)}], {"validate_run": True}, workers=1)
     assert out["rejected"].empty, out["rejected"]["reason"].tolist()
     assert out["train"]["task_id"].tolist() == ["user/scripted"]

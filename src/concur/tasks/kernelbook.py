@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import ast
-import re
 
+from ..text import source_lines
 from .programs import TaskError, classes_of, find_method, parse_program, top_level_names
-
-PARSER_LINE_BREAKS = r"\r\n|\r|\n"
 
 
 def adapt_kernelbook(code: str, entry_point: str) -> str:
@@ -35,7 +33,7 @@ def adapt_kernelbook(code: str, entry_point: str) -> str:
     else:
         new_fn = _init_inputs_source(init_fn, args)
         adapter = _binding_adapter(entry_point, kwargs)
-    lines = re.split(PARSER_LINE_BREAKS, code)  # the lines ast numbers (str.splitlines also breaks at \f, \x1c, ...)
+    lines = source_lines(code)  # numbered as init_fn's lineno counts them
     start = min([init_fn.lineno] + [d.lineno for d in init_fn.decorator_list]) - 1
     body = "\n".join(lines[:start] + new_fn.splitlines() + lines[init_fn.end_lineno :]).rstrip("\n")
     return body + "\n" + adapter

@@ -22,7 +22,7 @@ import traceback
 import types
 from pathlib import Path
 
-from concur.text import describe, one_line
+from concur.text import describe, one_line, source_lines
 
 BUILT_MARKER = ".concur-built"
 MODEL_SEED = 42  # the seed contestants make both models under (concur.verify.reference.SEED)
@@ -59,7 +59,7 @@ def exec_program(source: str, filename: str, module_name: str) -> dict:
     module = types.ModuleType(module_name)
     module.__file__ = filename
     sys.modules[module_name] = module
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    linecache.cache[filename] = (len(source), None, source_lines(source, keepends=True), filename)
     exec(compile(source, filename, "exec"), module.__dict__)
     return module.__dict__
 
