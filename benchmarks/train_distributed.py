@@ -4,7 +4,8 @@
     # real weights), the tokenizer taken from TOKENIZER_DIR (tokenizer.json), a ChatML chat template added
     python benchmarks/train_distributed.py build-model --arch qwen2.5-32b --tokenizer TOKENIZER_DIR --out M32
     python benchmarks/train_distributed.py peak                     # measured bf16 matmul peak of each GPU
-    python benchmarks/train_distributed.py run --model M32 --gpus 2 --distributed fsdp --out runs.jsonl
+    python benchmarks/train_distributed.py layers                   # where a layer's time goes (one GPU)
+    python benchmarks/train_distributed.py run --model M32 --gpus 2 --liger --checkpoint-layers 60 --out runs.jsonl
     python benchmarks/train_distributed.py run --model M32 --gpus 2 --recipe plain --out runs.jsonl
     python benchmarks/train_distributed.py table runs.jsonl --peak-tflops 780
     python benchmarks/train_distributed.py correctness --model SMALL --gpus 2 --out check.json
@@ -14,9 +15,10 @@ for `--warmup` + `--steps` optimizer steps and appends one JSON line: tokens/s p
 of any process, and the model FLOPs per token, from which `table` computes MFU against `--peak-tflops`.
 
 Recipes. `ours`: `concur.train.launch.run` with the job's settings (packing, TRL's fused LM-head loss, non-reentrant
-checkpointing). `plain`: the same records, LoRA, model, launch and examples per step through TRL's SFTTrainer with
-TRL's defaults for everything else (no packing, the model's own loss, TRL's default checkpointing, random order);
-only the micro-batch is 1 (TRL's default of 8 rows of 16K tokens does not fit a GPU).
+checkpointing; `--liger`: train.liger_kernels, `--checkpoint-layers`: train.checkpoint_layers). `plain`: the same
+records, LoRA, model, launch and examples per step through TRL's SFTTrainer with TRL's defaults for everything else
+(no packing, the model's own loss, TRL's default checkpointing, random order); only the micro-batch is 1 (TRL's
+default of 8 rows of 16K tokens does not fit a GPU).
 
 MFU counts the model FLOPs a step needs, not the recomputation of checkpointing: per token 2 (forward) + 2 (gradient
 of the inputs; the frozen weights get none) times the base model's matmul parameters, 6 times the LoRA parameters,
@@ -30,6 +32,7 @@ checkpoint and run again, resuming to its final loss; then the adapter served by
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -273,7 +276,13 @@ def measure(args) -> dict:
     tokenizer = models.load_tokenizer(spec)
     n = args.records or max(8, args.gpus * args.accumulation * (args.warmup + args.steps))
     lengths = dataset(tokenizer, n, args.min_tokens, args.max_tokens, args.seed, work / "rows.parquet")
-    settings = settings_for(args, args.gpus, args.distributed, checkpoint_layers=args.checkpoint_layers)
+    settings = settings_for(
+        args,
+        args.gpus,
+        args.distributed,
+        checkpoint_layers=args.checkpoint_layers,
+        liger_kernels=args.liger,
+    )
     name = f"{args.recipe}-{args.distributed}-{args.gpus}"
     out = work / name
     started = time.perf_counter()
@@ -298,6 +307,7 @@ def measure(args) -> dict:
         "gpus": args.gpus,
         "attn": args.attn_implementation or "sdpa",
         "recomputed": "all" if args.checkpoint_layers is None or args.recipe != "ours" else args.checkpoint_layers,
+        "liger": bool(args.liger and args.recipe == "ours"),
         "records": f"{args.min_tokens}-{args.max_tokens}",
         "tokens_per_step": tokens / len(timed),
         "step_s": seconds / len(timed),
@@ -372,12 +382,38 @@ def plain_worker(job_file: Path) -> None:
         (out / "train_log.jsonl").write_text("\n".join(lines) + "\n")
 
 
+def layers_table(rows: list[dict]) -> str:
+    """`layers`' rows: each setting's time a layer beside the plain setting's (no Liger, every layer recomputed) and
+    what a layer that keeps its activations costs over one that recomputes them; then the LM heads."""
+    parts = [r for r in rows if r["part"] == "layers"]
+    plain = next(r["ms_per_layer"] for r in parts if r["recompute"] and not r["liger"])
+
+    def kept(r: dict) -> str:
+        twin = [t for t in parts if t["liger"] == r["liger"] and t["recompute"]]
+        return "-" if r["recompute"] or not twin else f"{r['gib_per_layer'] - twin[0]['gib_per_layer']:.2f}"
+
+    lines = [
+        "| Liger | recompute | ms a layer | vs plain | GiB a layer kept |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r["part"] == "layers":
+            lines.append(
+                f"| {'yes' if r['liger'] else 'no'} | {'yes' if r['recompute'] else 'no'} | "
+                f"{r['ms_per_layer']:.1f} | {plain / r['ms_per_layer']:.2f}x | {kept(r)} |"
+            )
+    lines += ["", "| LM head and loss | ms | GiB |", "|---|---:|---:|"]
+    lines += [f"| {r['loss']} | {r['ms']:.1f} | {r['gib']:.2f} |" for r in rows if r["part"] == "head"]
+    return "\n".join(lines)
+
+
 def table(results: list[dict], peak: float | None) -> str:
     columns = [
         "recipe",
         "distributed",
         "GPUs",
         "attn",
+        "Liger",
         "recomputed",
         "tok/step",
         "s/step",
@@ -385,7 +421,7 @@ def table(results: list[dict], peak: float | None) -> str:
         "MFU",
         "peak GiB",
     ]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(["---"] * 5 + ["---:"] * 5) + "|"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(["---"] * 6 + ["---:"] * 5) + "|"]
     for r in results:
         mfu = r["tokens_per_s_per_gpu"] * r["model_flops_per_token"] / (peak * 1e12) if peak else None
         gib = r.get("peak_gpu_gib") or r.get("peak_allocator_gib")
@@ -394,6 +430,7 @@ def table(results: list[dict], peak: float | None) -> str:
             r["distributed"] if r["gpus"] > 1 else "-",
             str(r["gpus"]),
             r["attn"],
+            "yes" if r.get("liger") else "no",
             str(r.get("recomputed", "all")),
             f"{r['tokens_per_step']:,.0f}",
             f"{r['step_s']:.2f}",
@@ -403,6 +440,134 @@ def table(results: list[dict], peak: float | None) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------- the layers
+def layers(args) -> list[dict]:
+    """Where a step's time goes, on one GPU: `--layers` decoder layers of the architecture (random bf16 weights, LoRA
+    r=`--lora-r` with dropout 0.05 on all seven projections) read one `--max-tokens` sequence, forward and backward,
+    with and without Liger's kernels (train.liger_kernels) and recomputation (train.checkpoint_layers). Then the LM
+    head and loss of one such sequence: the model's own cross-entropy (the plain recipe) against TRL's fused LM head
+    (ours). Milliseconds a layer; GiB a layer of the step's peak above the weights."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("qwen2", **{**ARCHS[args.arch], "num_hidden_layers": args.layers})
+    config.use_cache = False
+    lora = lora_config({"r": args.lora_r, "alpha": args.lora_r, "dropout": 0.05, "target_modules": PROJECTIONS})
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a smoke test of the tiny architecture
+    ids = torch.randint(0, config.vocab_size, (1, args.max_tokens), device=device)
+    labels = ids.clone()
+    labels[:, : args.max_tokens // 8] = -100  # a prompt: TRL's fused head projects only the labelled positions
+
+    def timed(step, repeats: int = 3) -> tuple[float, float]:
+        """ms of one step (median of `repeats` after 2 warm-ups) and the GiB it held above what was allocated."""
+        for _ in range(2):
+            step()
+        if device == "cpu":
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                step()
+                times.append((time.perf_counter() - started) * 1e3)
+            return sorted(times)[len(times) // 2], 0.0
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2], (torch.cuda.max_memory_allocated() - base) / 2**30
+
+    rows: list[dict] = []
+    for liger in (False, True) if device == "cuda" else (False,):  # Liger patches in place: the plain layers first
+        torch.manual_seed(args.seed)
+        with torch.device(device):
+            base = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        if liger:
+            from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+            _apply_liger_kernel_to_instance(model=base, fused_linear_cross_entropy=False, cross_entropy=False)
+        model = get_peft_model(base, lora)
+        model.train()
+        step = functools.partial(layer_step, model, base.model, ids)
+        for recompute in (True, False):
+            if recompute:
+                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                base.gradient_checkpointing_disable()
+            ms, gib = timed(step)
+            rows.append(
+                {
+                    "part": "layers",
+                    "liger": liger,
+                    "recompute": recompute,
+                    "ms_per_layer": ms / args.layers,
+                    "gib_per_layer": gib / args.layers,  # the step's peak above the weights, a layer
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+        if not liger:  # the LM head and loss, once: the plain recipe's against ours
+            rows += head_rows(base.lm_head, labels, config.hidden_size, timed, device)
+        del model, base, step
+        torch.cuda.empty_cache()
+    return rows
+
+
+def layer_step(model, decoder, ids) -> None:
+    """Forward and backward through the decoder layers (a loss on their last hidden state), gradients dropped."""
+    hidden = decoder(input_ids=ids).last_hidden_state
+    hidden.float().square().mean().backward()
+    model.zero_grad(set_to_none=True)
+
+
+def head_rows(head, labels, hidden_size: int, timed, device: str) -> list[dict]:
+    """The LM head and loss of one sequence, forward and backward: the model's own cross-entropy on the full fp32
+    logits (the plain recipe), and TRL's fused head on the labelled positions, with the metrics TRL's trainer asks for
+    (ours) and with the log-probabilities alone."""
+    import torch
+    from trl.trainer import utils as trl_utils
+
+    hidden = torch.randn(1, labels.shape[1], hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
+
+    def plain():
+        logits = head(hidden).float()
+        torch.nn.functional.cross_entropy(logits[0, :-1], labels[0, 1:], ignore_index=-100).backward()
+
+    def fused(outputs):
+        def step():
+            mask = labels[0, 1:] != -100
+            per_token = trl_utils._ChunkedLogProbFunction.apply(
+                hidden[0, :-1][mask],
+                head.weight,
+                head.bias,
+                labels[0, 1:][mask],
+                1.0,
+                trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE,
+                None,
+                1.0,
+                outputs,
+            )
+            (-per_token[0].sum() / mask.sum()).backward()
+
+        return step
+
+    rows = []
+    for name, step in (
+        ("model's cross-entropy", plain),
+        ("TRL fused, with metrics", fused(("log_probs", "entropy", "is_top1"))),
+        ("TRL fused, loss only", fused(("log_probs",))),
+    ):
+        ms, gib = timed(step)
+        rows.append({"part": "head", "loss": name, "ms": ms, "gib": gib})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------- correctness
@@ -559,6 +724,13 @@ def main(argv: list[str] | None = None) -> None:
     build.add_argument("--tokenizer", required=True, help="a folder with tokenizer.json")
     build.add_argument("--out", required=True)
     sub.add_parser("peak")
+    parts = sub.add_parser("layers")
+    parts.add_argument("--arch", choices=sorted(ARCHS), default="qwen2.5-32b")
+    parts.add_argument("--layers", type=int, default=4)
+    parts.add_argument("--max-tokens", type=int, default=16384)
+    parts.add_argument("--lora-r", type=int, default=32)
+    parts.add_argument("--seed", type=int, default=0)
+    parts.add_argument("--out", help="write the rows (JSON lines) here")
     for name in ("run", "correctness"):
         one = sub.add_parser(name)
         one.add_argument("--model", required=True)
@@ -567,6 +739,7 @@ def main(argv: list[str] | None = None) -> None:
         one.add_argument("--recipe", default="ours", choices=("ours", "plain"))
         one.add_argument("--attn-implementation")
         one.add_argument("--checkpoint-layers", type=int, help="train.checkpoint_layers (ours): layers recomputed")
+        one.add_argument("--liger", action="store_true", help="train.liger_kernels (ours)")
         one.add_argument("--records", type=int, default=0, help="default: enough for every step")
         one.add_argument("--min-tokens", type=int, default=8192)
         one.add_argument("--max-tokens", type=int, default=16384, help="also train.max_length")
@@ -591,6 +764,11 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "peak":
         rates = peak_tflops()
         print(json.dumps({"bf16_matmul_tflops": [round(r, 1) for r in rates]}), flush=True)
+    elif args.command == "layers":
+        rows = layers(args)
+        if args.out:
+            Path(args.out).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        print(layers_table(rows), flush=True)
     elif args.command == "run":
         result = measure(args)
         print(json.dumps(result), flush=True)

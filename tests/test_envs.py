@@ -13,7 +13,7 @@ from conftest import ROOT
 
 SRC = ROOT / "src"
 # import name -> package name in the environment files
-PACKAGE_OF = {"torch": "pytorch-gpu", "yaml": "pyyaml", "matplotlib": "matplotlib-base"}
+PACKAGE_OF = {"torch": "pytorch-gpu", "yaml": "pyyaml", "matplotlib": "matplotlib-base", "liger_kernel": "liger-kernel"}
 # imported only on paths a rule's environment does not serve: vLLM is installed on GPU nodes by the user
 OPTIONAL = {"vllm"}
 # needed without an import of their own: parquet files, GGUF models, accelerate under Trainer, extension builds

@@ -605,6 +605,18 @@ def test_checkpoint_layers_keeps_the_rest_of_the_layers_activations_and_the_same
     assert concur_config.with_defaults("train", {})["checkpoint_layers"] is None
 
 
+def test_liger_kernels_apply_on_a_gpu_and_name_the_missing_package(tmp_path, monkeypatch):
+    """`train.liger_kernels` turns on TRL's `use_liger_kernel` on a GPU only (Triton kernels), off by default; a GPU
+    job without the package stops at once with one line that names it and the two ways out."""
+    settings = concur_config.with_defaults("train", {"base_model": "m", "liger_kernels": True})
+    assert not sft_trainer.sft_config(settings, tmp_path, on_cuda=False).use_liger_kernel
+    assert concur_config.with_defaults("train", {})["liger_kernels"] is False
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # import fails as if not installed
+    with pytest.raises(RuntimeError, match=r"liger-kernel package .*concur\[liger\].*liger_kernels: false"):
+        sft_trainer.require_liger()
+    assert "liger_kernels" in checkpoints.RESUMABLE_ACROSS  # the same training: a run may resume across it
+
+
 # --- the throughput benchmark -------------------------------------------------------------------------------------
 
 
@@ -705,3 +717,16 @@ def test_distributed_benchmark_builds_a_model_and_runs_both_recipes_on_the_cpu(t
         assert 64 * 2 * 0.9 <= result["tokens_per_step"] <= 128 * 2 * 1.1  # two records of 64-128 tokens a step
     table = bench.table(results, peak=1.0)
     assert table.count("\n") == 3 and "%" in table
+
+
+def test_distributed_benchmark_times_the_layers_with_and_without_recomputation(tmp_path, capsys):
+    """`layers` on the CPU (the tiny architecture; Liger needs a GPU): a row for each recomputation setting, the three
+    LM-head losses, and a table that sets each beside recomputing every layer."""
+    bench = _bench()
+    out = tmp_path / "layers.jsonl"
+    bench.main(["layers", "--arch", "tiny", "--layers", "2", "--max-tokens", "32", "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["liger"], r["recompute"]) for r in rows if r["part"] == "layers"] == [(False, True), (False, False)]
+    assert len([r for r in rows if r["part"] == "head"]) == 3 and all(r.get("ms", 1) > 0 for r in rows)
+    table = capsys.readouterr().out
+    assert "| no | yes |" in table and "1.00x" in table and "TRL fused, loss only" in table

@@ -27,6 +27,7 @@ RESUMABLE_ACROSS = (
     "distributed",
     "accelerate_config",
     "checkpoint_layers",
+    "liger_kernels",
 )
 
 

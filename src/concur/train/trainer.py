@@ -69,6 +69,8 @@ def train_adapter(
             f"({len(records)} records, {n_dropped} dropped)"
         )
     device = _device(settings["gpus"])
+    if settings["liger_kernels"] and device == "cuda":
+        require_liger()
     args = sft_config(settings, checkpoint_dir, on_cuda=device == "cuda")  # first: starts the distributed state
     if args.world_size == 1 and args.n_gpu > 1:
         # one process on a node where it sees several GPUs: train on the first, never nn.DataParallel over all
@@ -159,6 +161,7 @@ def _summary(records, examples, n_dropped, trainer, log, model_spec, settings, d
         "precision": "bf16" if trainer.args.bf16 else "fp32",
         "gradient_checkpointing": bool(trainer.args.gradient_checkpointing),
         "checkpoint_layers": settings["checkpoint_layers"] if trainer.args.gradient_checkpointing else 0,
+        "liger_kernels": bool(trainer.args.use_liger_kernel),
         "packing": settings["packing"],
         "max_length": settings["max_length"],
         "base_model": dict(model_spec),
@@ -212,6 +215,7 @@ def sft_config(settings: dict, checkpoint_dir: Path, on_cuda: bool) -> SFTConfig
         report_to="none",
         disable_tqdm=True,
         dataloader_pin_memory=on_cuda,
+        use_liger_kernel=bool(settings["liger_kernels"]) and on_cuda,  # Triton kernels: GPUs only
         **saving,
         **_version_kwargs(settings["warmup_ratio"], checkpointing=on_cuda, grouped=not settings["packing"]),
     )
@@ -282,6 +286,16 @@ def limit_checkpointing(model, layers: int) -> int:
     for module in checkpointed[layers:]:
         module.gradient_checkpointing = False
     return min(layers, len(checkpointed))
+
+
+def require_liger() -> None:
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError as error:
+        raise RuntimeError(
+            f"train.liger_kernels: true needs the liger-kernel package on the GPU node ({error}): "
+            'pip install "concur[liger]", or set train.liger_kernels: false'
+        ) from None
 
 
 def _resolved_dtype(model_spec: dict, device: str) -> dict:
