@@ -39,6 +39,17 @@ def pid_namespaces_allowed() -> bool:
 PIDNS = pid_namespaces_allowed()
 
 
+def seccomp_notifications() -> bool:
+    """Whether a process here can install the scheduling filter (in a throwaway child: the filter stays for life)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if sandbox.watch_scheduling() is not None else 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+SECCOMP = seccomp_notifications()
+
+
 @pytest.fixture(scope="module", params=["pidns", "fallback"])
 def zygote(request):
     if request.param == "pidns" and not PIDNS:
@@ -137,17 +148,38 @@ open("hit.txt", "w").write(f"{len(mine)} {len(hit)} {len(own)}")
 )
 
 
-@pytest.mark.skipif(not PIDNS, reason="needs PID namespaces (root or CAP_SYS_ADMIN)")
+# a judge as an unprivileged user's would be: the same user, no capabilities (as root, the kernel alone refuses a
+# candidate that dropped CAP_SYS_NICE the right to re-nice a process holding more capabilities than it has)
+VICTIM = """
+import ctypes, time
+class Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class Data(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+ctypes.CDLL(None).capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)())
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
 def test_a_candidate_cannot_renice_or_pin_the_judges(zygote, tmp_path):
-    """From inside its namespace no judge can be named: re-nicing or pinning each thread of every process of the
-    verifier (the zygote, the test itself) fails, and so does raising its own priority."""
-    if zygote.mode != "pidns":
-        pytest.skip("without a PID namespace a same-user candidate can name the judges: the referee's guard")
-    before = (os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0))
-    build(zygote, JUDGES, tmp_path)
-    found, hit, own = map(int, (tmp_path / "scratch" / "mine" / "hit.txt").read_text().split())
-    assert found >= 2 and hit == 0 and own == 0
-    assert (os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0)) == before
+    """Re-nicing or pinning each thread of every process of the verifier (the zygote, the test itself, a judge of no
+    capabilities) fails, and so does re-nicing the user's processes or raising its own priority: from inside a PID
+    namespace no judge can be named; without one, the scheduling filter refuses every target outside the
+    candidate's own tree (without it, the capability-less judge is re-niced and pinned)."""
+    if zygote.mode == "fallback" and not SECCOMP:
+        pytest.skip("no seccomp user notifications here: the referee's guard is all there is")
+    judge = subprocess.Popen([sys.executable, "-c", VICTIM, "concur-judge"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert judge.stdout.readline().strip() == "ready"
+        before = [(os.sched_getaffinity(p), os.getpriority(os.PRIO_PROCESS, p)) for p in (0, judge.pid)]
+        build(zygote, JUDGES, tmp_path)
+        found, hit, own = map(int, (tmp_path / "scratch" / "mine" / "hit.txt").read_text().split())
+        assert found >= (2 if zygote.mode == "pidns" else 3) and hit == 0 and own == 0
+        assert [(os.sched_getaffinity(p), os.getpriority(os.PRIO_PROCESS, p)) for p in (0, judge.pid)] == before
+    finally:
+        judge.kill()
+        judge.wait()
 
 
 OWN = (
@@ -179,6 +211,11 @@ thread = threading.Thread(target=worker)
 thread.start()
 thread.join()
 os.setpriority(os.PRIO_PROCESS, 0, 1)
+helper = subprocess.Popen(["sleep", "30"])  # a process it started: its own to pin and re-nice
+os.sched_setaffinity(helper.pid, sorted(os.sched_getaffinity(0))[:1])
+os.setpriority(os.PRIO_PROCESS, helper.pid, 3)
+helper.kill()
+done.append("helper")
 if subprocess.run(["c++", "--version"], capture_output=True).returncode == 0:
     done.append("compiler")
 open("honest.txt", "w").write(" ".join(done))
@@ -188,7 +225,7 @@ open("honest.txt", "w").write(" ".join(done))
 def test_an_honest_build_pins_its_own_threads_and_runs_compilers(zygote, tmp_path):
     row, scratch = build(zygote, HONEST, tmp_path)
     assert row["status"] == "no_build", row
-    assert (scratch / "honest.txt").read_text() == "thread compiler"
+    assert (scratch / "honest.txt").read_text() == "thread helper compiler"
 
 
 READS = """

@@ -94,7 +94,8 @@ class Referee:
             zygote_env["CONCUR_CPUS"] = ",".join(map(str, self.spare))
         if self.device == "cuda":
             # the CUDA driver does not start in a new PID namespace (cudaGetDeviceCount: error 304, on an H100 node):
-            # on a GPU the subreaper's tree kill and the judges' guard hold instead (docs/verifier.md, Processes)
+            # on a GPU the subreaper's tree kill, the scheduling filter and the judges' guard hold instead
+            # (docs/verifier.md, Processes a candidate starts)
             zygote_env["CONCUR_NO_PIDNS"] = "1"
         self.zygote = procs.Zygote(str(self.workdir / "zygote.log"), env=zygote_env)
         import torch

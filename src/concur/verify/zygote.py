@@ -10,7 +10,9 @@ A sandboxed child is forked into a PID namespace of its own where the kernel all
 (the builder or contestant, the pid the requester knows) its only child. Processes of the namespace see no process
 outside it, so they cannot re-nice, re-prioritise or pin one (ESRCH), and when the child ends its reaper exits and
 the kernel kills everything left in the namespace. Elsewhere the child is a subreaper of its own descendants and the
-zygote kills its whole tree (procs.kill_tree). A sandboxed child cannot raise its own priority either
+zygote kills its whole tree (procs.kill_tree); and it installs a seccomp filter first (sandbox.watch_scheduling)
+whose listener it hands here: the zygote lets a scheduling call aimed at another process through only when that
+process is in the child's own tree. A sandboxed child cannot raise its own priority either
 (sandbox.keep_scheduling).
 
 A child's spec: role (contestant | builder | trusted), cwd, env, log, sandbox ({write, read, hidden, devices} or
@@ -19,6 +21,7 @@ null for trusted work), limits ({address_space_mb}).
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import socket
@@ -45,9 +48,14 @@ def main(fd: int) -> int:
     namespaces = None if os.environ.get("CONCUR_NO_PIDNS") else sandbox.PidNamespaces()
     control = procs.Channel(socket.socket(fileno=fd))
     known: dict[int, int] = {}  # the pid waited for (a child, or its namespace's reaper) -> the child's pid
+    listeners: dict[int, int] = {}  # a child outside a PID namespace -> its scheduling filter's listener
     last_sweep = 0.0
     while True:
-        if select.select([control], [], [], 0.05)[0]:
+        ready = select.select([control, *listeners.values()], [], [], 0.05)[0]
+        for pid, listener in list(listeners.items()):
+            if listener in ready and not sandbox.answer_scheduling(listener, functools.partial(_owned_by, pid)):
+                os.close(listeners.pop(pid))
+        if control in ready:
             try:
                 message, fds = control.recv()
             except (procs.ChannelClosed, OSError, ValueError):
@@ -55,8 +63,10 @@ def main(fd: int) -> int:
             for extra in fds:
                 os.close(extra)
             if message.get("op") == "spawn":
-                waited, pid, parent_end = fork_child(message["spec"], control, namespaces)
+                waited, pid, parent_end, listener = fork_child(message["spec"], control, namespaces)
                 known[waited] = pid
+                if listener is not None:
+                    listeners[pid] = listener
                 control.send({"op": "spawned", "ref": message["ref"], "pid": pid}, [parent_end.fileno()])
                 parent_end.close()
             elif message.get("op") == "kill":
@@ -68,6 +78,8 @@ def main(fd: int) -> int:
         for waited, code in reap():
             if waited in known:
                 pid = known.pop(waited)
+                if pid in listeners:
+                    os.close(listeners.pop(pid))
                 if waited != pid and code > 128:  # the reaper exits with 128 + the signal that ended the child
                     code = 128 - code
                 control.send({"op": "exit", "pid": pid, "code": code})
@@ -78,6 +90,11 @@ def main(fd: int) -> int:
         procs.kill_tree(waited, 1.0)
     sweep({})
     return 0
+
+
+def _owned_by(child: int, pid: int | None) -> bool:
+    """`pid` is the child or a process in its tree: the only targets its scheduling calls may have."""
+    return pid is not None and (pid == child or pid in procs.tree(child))
 
 
 def sweep(known: dict[int, int]) -> None:
@@ -100,13 +117,16 @@ def reap() -> list[tuple[int, int]]:
         ended.append((pid, -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)))
 
 
-def fork_child(spec: dict, control: procs.Channel, namespaces) -> tuple[int, int, socket.socket]:
-    """Fork a child for `spec`: (the pid to wait for, the child's pid, the parent's end of its socket). A sandboxed
-    child goes into a PID namespace of its own where `namespaces` can make one (see the module docstring): the pid
-    waited for is then its namespace's reaper."""
+def fork_child(spec: dict, control: procs.Channel, namespaces) -> tuple[int, int, socket.socket, int | None]:
+    """Fork a child for `spec`: (the pid to wait for, the child's pid, the parent's end of its socket, the listener
+    of its scheduling filter or None). A sandboxed child goes into a PID namespace of its own where `namespaces` can
+    make one (see the module docstring): the pid waited for is then its namespace's reaper. Elsewhere it installs a
+    scheduling filter (sandbox.watch_scheduling) before anything else and hands its listener here."""
     parent_end, child_end = socket.socketpair()
     zygote = os.getpid()
     isolated = spec.get("sandbox") is not None and namespaces is not None and namespaces.enter()
+    watched = spec.get("sandbox") is not None and not isolated
+    filter_end, filter_child_end = socket.socketpair() if watched else (None, None)
     pid = -1
     try:
         pid = os.fork()
@@ -126,6 +146,13 @@ def fork_child(spec: dict, control: procs.Channel, namespaces) -> tuple[int, int
                 sandbox.die_with_parent()
             elif os.getppid() != zygote:
                 os._exit(1)
+            if watched:
+                filter_end.close()
+                listener = sandbox.watch_scheduling()
+                socket.send_fds(filter_child_end, [b"l"], [] if listener is None else [listener])
+                if listener is not None:
+                    os.close(listener)
+                filter_child_end.close()
             os.setsid()
             parent_end.close()
             control.sock.detach()
@@ -137,7 +164,23 @@ def fork_child(spec: dict, control: procs.Channel, namespaces) -> tuple[int, int
             sys.stderr.flush()
             os._exit(code)
     child_end.close()
-    return pid, worker_of(pid) if isolated else pid, parent_end
+    listener = None
+    if watched:
+        filter_child_end.close()
+        listener = _received_listener(filter_end)
+    return pid, worker_of(pid) if isolated else pid, parent_end, listener
+
+
+def _received_listener(sock: socket.socket, wait_s: float = 10.0) -> int | None:
+    """The listener a child sends as it starts (None: it has no filter, or it failed before sending)."""
+    try:
+        sock.settimeout(wait_s)
+        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        return fds[0] if fds else None
+    except OSError:
+        return None
+    finally:
+        sock.close()
 
 
 def worker_of(reaper: int, wait_s: float = 10.0) -> int:
