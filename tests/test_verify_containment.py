@@ -182,6 +182,21 @@ def test_a_candidate_cannot_renice_or_pin_the_judges(zygote, tmp_path):
         judge.wait()
 
 
+SECOND_LISTENER = """
+from concur.verify import sandbox
+open("listener.txt", "w").write("refused" if sandbox.watch_scheduling() is None else "installed")
+"""
+
+
+def test_a_candidate_cannot_answer_its_own_scheduling_calls(zygote, tmp_path):
+    """A filter of its own whose listener a thread of its own answers would let its calls through: the kernel
+    allows one listener in a process's filter chain, the zygote's (EBUSY)."""
+    if zygote.mode != "fallback" or not SECCOMP:
+        pytest.skip("the scheduling filter is installed outside PID namespaces, where seccomp allows it")
+    _, scratch = build(zygote, SECOND_LISTENER, tmp_path)
+    assert (scratch / "listener.txt").read_text() == "refused"
+
+
 OWN = (
     """
 import contextlib, os
