@@ -43,7 +43,7 @@ def seccomp_notifications() -> bool:
     """Whether a process here can install the scheduling filter (in a throwaway child: the filter stays for life)."""
     pid = os.fork()
     if pid == 0:
-        os._exit(0 if sandbox.watch_scheduling() is not None else 1)
+        os._exit(0 if sandbox.watch_others(signals=False) is not None else 1)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
@@ -54,7 +54,9 @@ SECCOMP = seccomp_notifications()
 def zygote(request):
     if request.param == "pidns" and not PIDNS:
         pytest.skip("PID namespaces not allowed here")
-    env = {**trusted_env(), **({"CONCUR_NO_PIDNS": "1"} if request.param == "fallback" else {})}
+    # the fallback also fences signals, which Landlock scopes here already (ABI >= 6)
+    fallback = {"CONCUR_NO_PIDNS": "1", "CONCUR_FENCE_SIGNALS": "1"}
+    env = {**trusted_env(), **(fallback if request.param == "fallback" else {})}
     zygote = procs.Zygote(env=env, clean=True)
     zygote.mode = request.param
     yield zygote
@@ -182,9 +184,94 @@ def test_a_candidate_cannot_renice_or_pin_the_judges(zygote, tmp_path):
         judge.wait()
 
 
+FENCED = """
+import contextlib, errno, os, signal, subprocess, threading, time
+os.setsid()  # as the zygote's children: a process group of its own
+result = []
+def attempt(name, call):
+    try:
+        call()
+        result.append(name + ":ok")
+    except OSError as error:
+        result.append(name + ":" + errno.errorcode[error.errno])
+judge, cpus = int(os.environ["JUDGE"]), os.sched_getaffinity(0)
+helper = subprocess.Popen(["sleep", "30"])
+attempt("judge-signal", lambda: os.kill(judge, 0))
+attempt("judge-group", lambda: os.killpg(os.getpgid(judge), 0))
+attempt("everyone", lambda: os.kill(-1, 0))
+attempt("judge-pidfd", lambda: signal.pidfd_send_signal(os.pidfd_open(judge), 0))
+attempt("judge-cores", lambda: os.sched_setaffinity(judge, cpus))
+attempt("self-signal", lambda: os.kill(os.getpid(), 0))
+attempt("own-group", lambda: os.killpg(0, 0))
+attempt("helper-cores", lambda: os.sched_setaffinity(helper.pid, cpus))
+attempt("helper-signal", lambda: os.kill(helper.pid, signal.SIGTERM))
+def pin():
+    attempt("thread-cores", lambda: os.sched_setaffinity(threading.get_native_id(), cpus))
+thread = threading.Thread(target=pin)
+thread.start()
+thread.join()
+helper.wait()
+print(" ".join(result), flush=True)
+"""
+
+
+@pytest.mark.skipif(not SECCOMP, reason="no seccomp user notifications here")
+def test_the_filter_keeps_signals_and_scheduling_within_the_tree(tmp_path):
+    """sandbox.watch_others with signals, answered by sandbox.answer_others as the zygote answers (no Landlock, so
+    the kernel alone would allow all of it): a process outside the tree cannot be signalled, by pid, by group or
+    by pidfd, nor pinned; kill(-1) is refused; the process itself, its group, a helper it started and its threads
+    can be. The judge: a same-user process of no capabilities, as an unprivileged user's."""
+    import socket
+
+    judge = subprocess.Popen([sys.executable, "-c", VICTIM, "concur-judge"], stdout=subprocess.PIPE, text=True)
+    assert judge.stdout.readline().strip() == "ready"
+    ours, theirs = socket.socketpair()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        os.close(read)
+        listener = sandbox.watch_others(signals=True)
+        socket.send_fds(theirs, [b"l"], [listener])
+        os.dup2(write, 1)
+        os.environ["JUDGE"] = str(judge.pid)
+        os.execv(sys.executable, [sys.executable, "-c", FENCED])
+    theirs.close()
+    os.close(write)
+    listener = socket.recv_fds(ours, 1, 1)[1][0]
+    try:
+        out, end = b"", time.monotonic() + 30
+        while time.monotonic() < end and not out.endswith(b"\n"):
+            import select
+
+            ready = select.select([listener, read], [], [], 0.05)[0]
+            if listener in ready:
+                sandbox.answer_others(listener, lambda: {pid, *procs.tree(pid)})
+            if read in ready:
+                out += os.read(read, 4096) or b"\n"
+        assert out.decode().split() == [
+            "judge-signal:EPERM",
+            "judge-group:EPERM",
+            "everyone:EPERM",
+            "judge-pidfd:EPERM",
+            "judge-cores:EPERM",
+            "self-signal:ok",
+            "own-group:ok",
+            "helper-cores:ok",
+            "helper-signal:ok",
+            "thread-cores:ok",
+        ]
+    finally:
+        os.waitpid(pid, 0)
+        os.close(listener)
+        os.close(read)
+        judge.kill()
+        judge.wait()
+
+
 SECOND_LISTENER = """
 from concur.verify import sandbox
-open("listener.txt", "w").write("refused" if sandbox.watch_scheduling() is None else "installed")
+open("listener.txt", "w").write("refused" if sandbox.watch_others(signals=True) is None else "installed")
 """
 
 

@@ -254,7 +254,7 @@ def keep_scheduling() -> None:
     """No raising of its own priority: no lower nice value, no real-time policy (RLIMIT_NICE and RLIMIT_RTPRIO at
     0, and CAP_SYS_NICE dropped where it ran as root, which would also let it re-nice or pin any process). Raising
     its nice value and choosing its own threads' cores stay allowed (OpenMP pins its own threads); what else it may
-    aim at is watch_scheduling's."""
+    aim at is watch_others'."""
     for limit in (resource.RLIMIT_NICE, resource.RLIMIT_RTPRIO):
         resource.setrlimit(limit, (0, 0))
     _libc.prctl(_PR_CAPBSET_DROP, _CAP_SYS_NICE, 0, 0, 0)  # fails without CAP_SETPCAP: then it has no caps to drop
@@ -271,17 +271,21 @@ def keep_scheduling() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-# seccomp: the calls that change another process's scheduling, limits or memory placement. A sandboxed process may
-# aim them at itself (pid 0) freely; any other target is asked of the zygote (a user notification), which lets the
-# call through only for a thread or process of the child's own tree (watch_scheduling, answer_scheduling).
-_SCHEDULING = {  # machine: (audit arch, the seccomp syscall, {call: number})
+# seccomp: the calls a process aims at another process: its scheduling, limits and memory placement, and (where
+# Landlock cannot scope them, ABI < 6) its signals. A sandboxed process may aim them at itself freely; any other
+# target is asked of the zygote (a user notification), which lets the call through only for a thread, process or
+# process group of the child's own tree (watch_others, answer_others).
+_CALLS = {  # machine: (audit arch, the seccomp syscall, {call: number})
     "x86_64": (0xC000003E, 317, dict(setpriority=141, sched_setparam=142, sched_setscheduler=144,
                                      sched_setaffinity=203, ioprio_set=251, migrate_pages=256, move_pages=279,
-                                     prlimit64=302, sched_setattr=314)),
+                                     prlimit64=302, sched_setattr=314, kill=62, tkill=200, tgkill=234,
+                                     rt_sigqueueinfo=129, rt_tgsigqueueinfo=297, pidfd_send_signal=424)),
     "aarch64": (0xC00000B7, 277, dict(ioprio_set=30, sched_setparam=118, sched_setscheduler=119,
                                       sched_setaffinity=122, setpriority=140, migrate_pages=238, move_pages=239,
-                                      prlimit64=261, sched_setattr=274)),
+                                      prlimit64=261, sched_setattr=274, kill=129, tkill=130, tgkill=131,
+                                      rt_sigqueueinfo=138, rt_tgsigqueueinfo=240, pidfd_send_signal=424)),
 }  # fmt: skip
+SIGNALS = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_send_signal")
 _ONE_PROCESS = {"setpriority": 0, "ioprio_set": 1}  # PRIO_PROCESS, IOPRIO_WHO_PROCESS: the target is then args[1]
 _LD, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06  # BPF: load a word of seccomp_data, jump if equal / if >=, return
 _ALLOW, _NOTIFY, _DENY = 0x7FFF0000, 0x7FC00000, 0x00050000 | errno.EPERM
@@ -312,49 +316,62 @@ def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def scheduling_filter(machine: str) -> bytes:
-    """The BPF program of watch_scheduling: other architectures' calls (i386 or x32 entry points) refused; each
-    call of _SCHEDULING allowed on itself, otherwise notified (setpriority and ioprio_set on a process group or a
-    user refused outright: those reach the judges); everything else allowed."""
-    arch, _, numbers = _SCHEDULING[machine]
+def others_filter(machine: str, own: int, signals: bool) -> bytes:
+    """The BPF program of watch_others for a process whose pid is `own`: calls through another architecture's entry
+    point (i386, x32) refused; each call of _CALLS allowed when aimed at itself (0 or `own`), otherwise notified.
+    Refused outright: setpriority and ioprio_set on a process group or a user, kill(-1) (every process the user
+    may signal), pidfd_send_signal (its target cannot be read from outside). Everything else allowed."""
+    arch, _, numbers = _CALLS[machine]
     program = [_op(_LD, 4), _op(_JEQ, arch, 1, 0), _op(_RET, _DENY), _op(_LD, 0)]
     if machine == "x86_64":
         program += [_op(_JGE, 0x40000000, 0, 1), _op(_RET, _DENY)]
     for name, number in numbers.items():
-        if name in _ONE_PROCESS:
-            block = [_op(_LD, 16), _op(_JEQ, _ONE_PROCESS[name], 1, 0), _op(_RET, _DENY), _op(_LD, 24)]
+        if name in SIGNALS and not signals:
+            continue
+        if name == "pidfd_send_signal":
+            block = [_op(_RET, _DENY)]
         else:
             block = [_op(_LD, 16)]
-        block += [_op(_JEQ, 0, 1, 0), _op(_RET, _NOTIFY), _op(_RET, _ALLOW)]
+            if name in _ONE_PROCESS:
+                block = [_op(_LD, 16), _op(_JEQ, _ONE_PROCESS[name], 1, 0), _op(_RET, _DENY), _op(_LD, 24)]
+            if name == "kill":
+                block += [_op(_JEQ, 0xFFFFFFFF, 0, 1), _op(_RET, _DENY)]
+            block += [_op(_JEQ, 0, 2, 0), _op(_JEQ, own, 1, 0), _op(_RET, _NOTIFY), _op(_RET, _ALLOW)]
         program += [_op(_LD, 0), _op(_JEQ, number, 0, len(block)), *block]
     return b"".join([*program, _op(_RET, _ALLOW)])
 
 
-def watch_scheduling() -> int | None:
-    """Install the scheduling filter on this process (and whatever it starts); the listener's descriptor, for the
-    zygote to answer (answer_scheduling). None where seccomp's user notifications are missing (Linux < 5.5, another
-    architecture): the referee's guard is then all there is."""
+def watch_others(signals: bool) -> int | None:
+    """Install the filter of the calls aimed at other processes (`signals`: signals too) on this process and
+    whatever it starts; the listener's descriptor, for the zygote to answer (answer_others). None where seccomp's
+    user notifications are missing (Linux < 5.5, another architecture): the referee's guard is then all there is."""
     machine = os.uname().machine
-    if machine not in _SCHEDULING:
+    if machine not in _CALLS:
         return None
-    code = ctypes.create_string_buffer(scheduling_filter(machine))
+    code = ctypes.create_string_buffer(others_filter(machine, os.getpid(), signals))
     program = _Program(len(code.raw) // 8, ctypes.cast(code, ctypes.c_void_p))
     if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return None
-    listener = _syscall(_SCHEDULING[machine][1], ctypes.c_uint(1), ctypes.c_uint(1 << 3), ctypes.byref(program))
+    listener = _syscall(_CALLS[machine][1], ctypes.c_uint(1), ctypes.c_uint(1 << 3), ctypes.byref(program))
     return listener if listener >= 0 else None
 
 
-def answer_scheduling(listener: int, owns) -> bool:
-    """Answer one notified call: through when `owns(pid)` holds for its target's process, else EPERM. False when
-    the listener has nothing more to say (its processes are gone)."""
+def answer_others(listener: int, tree) -> bool:
+    """Answer one notified call: through when its target is in `tree()` (the pids of the child and of everything
+    it started): a thread of one of them, one of them, or (kill with a negative pid) a process group one of them is
+    in; else EPERM. False when the listener has nothing more to say (its processes are gone)."""
     note = _Notification()
     if _libc.ioctl(listener, _NOTIF_RECV, ctypes.byref(note)) != 0:
         return ctypes.get_errno() in (errno.ENOENT, errno.EINTR)  # the caller died meanwhile: more may come
-    arch, _, numbers = _SCHEDULING[os.uname().machine]
+    arch, _, numbers = _CALLS[os.uname().machine]
     index = 1 if note.nr in (numbers["setpriority"], numbers["ioprio_set"]) else 0
     target = ctypes.c_int32(note.args[index] & 0xFFFFFFFF).value
-    allowed = note.arch == arch and target > 0 and owns(_thread_group(target))
+    if note.arch != arch or target in (0, -1):
+        allowed = False
+    elif target < 0:
+        allowed = note.nr == numbers["kill"] and any(_group_of(pid) == -target for pid in tree())
+    else:
+        allowed = _thread_group(target) in tree()
     reply = _Response(note.id, 0, 0 if allowed else -errno.EPERM, _NOTIF_CONTINUE if allowed else 0)
     _libc.ioctl(listener, _NOTIF_SEND, ctypes.byref(reply))  # ENOENT: the caller died meanwhile
     return True
@@ -366,6 +383,14 @@ def _thread_group(tid: int) -> int | None:
         with open(f"/proc/{tid}/status") as status:
             return next(int(line.split()[1]) for line in status if line.startswith("Tgid:"))
     except (OSError, StopIteration, ValueError):
+        return None
+
+
+def _group_of(pid: int) -> int | None:
+    """A process's process group, None when it is gone."""
+    try:
+        return os.getpgid(pid)
+    except OSError:
         return None
 
 

@@ -10,9 +10,10 @@ A sandboxed child is forked into a PID namespace of its own where the kernel all
 (the builder or contestant, the pid the requester knows) its only child. Processes of the namespace see no process
 outside it, so they cannot re-nice, re-prioritise or pin one (ESRCH), and when the child ends its reaper exits and
 the kernel kills everything left in the namespace. Elsewhere the child is a subreaper of its own descendants and the
-zygote kills its whole tree (procs.kill_tree); and it installs a seccomp filter first (sandbox.watch_scheduling)
-whose listener it hands here: the zygote lets a scheduling call aimed at another process through only when that
-process is in the child's own tree. A sandboxed child cannot raise its own priority either
+zygote kills its whole tree (procs.kill_tree); and it installs a seccomp filter first (sandbox.watch_others)
+whose listener it hands here: the zygote lets a scheduling call (and, where Landlock cannot scope signals, a
+signal) aimed at another process through only when that process is in the child's own tree (`CONCUR_FENCE_SIGNALS`
+fences signals where Landlock could). A sandboxed child cannot raise its own priority either
 (sandbox.keep_scheduling).
 
 A child's spec: role (contestant | builder | trusted), cwd, env, log, sandbox ({write, read, hidden, devices} or
@@ -32,6 +33,8 @@ import traceback
 from concur.verify import procs, sandbox
 
 SWEEP_S = 0.5
+# where Landlock cannot keep a candidate's signals within its sandbox (ABI < 6), the seccomp filter does
+FENCE_SIGNALS = sandbox.landlock_abi() < 6 or bool(os.environ.get("CONCUR_FENCE_SIGNALS"))
 
 
 def main(fd: int) -> int:
@@ -48,12 +51,12 @@ def main(fd: int) -> int:
     namespaces = None if os.environ.get("CONCUR_NO_PIDNS") else sandbox.PidNamespaces()
     control = procs.Channel(socket.socket(fileno=fd))
     known: dict[int, int] = {}  # the pid waited for (a child, or its namespace's reaper) -> the child's pid
-    listeners: dict[int, int] = {}  # a child outside a PID namespace -> its scheduling filter's listener
+    listeners: dict[int, int] = {}  # a child outside a PID namespace -> its filter's listener
     last_sweep = 0.0
     while True:
         ready = select.select([control, *listeners.values()], [], [], 0.05)[0]
         for pid, listener in list(listeners.items()):
-            if listener in ready and not sandbox.answer_scheduling(listener, functools.partial(_owned_by, pid)):
+            if listener in ready and not sandbox.answer_others(listener, functools.partial(_tree_of, pid)):
                 os.close(listeners.pop(pid))
         if control in ready:
             try:
@@ -92,9 +95,9 @@ def main(fd: int) -> int:
     return 0
 
 
-def _owned_by(child: int, pid: int | None) -> bool:
-    """`pid` is the child or a process in its tree: the only targets its scheduling calls may have."""
-    return pid is not None and (pid == child or pid in procs.tree(child))
+def _tree_of(child: int) -> set[int]:
+    """The child and every process it started: what its calls aimed at other processes may reach."""
+    return {child, *procs.tree(child)}
 
 
 def sweep(known: dict[int, int]) -> None:
@@ -119,9 +122,10 @@ def reap() -> list[tuple[int, int]]:
 
 def fork_child(spec: dict, control: procs.Channel, namespaces) -> tuple[int, int, socket.socket, int | None]:
     """Fork a child for `spec`: (the pid to wait for, the child's pid, the parent's end of its socket, the listener
-    of its scheduling filter or None). A sandboxed child goes into a PID namespace of its own where `namespaces` can
+    of its filter or None). A sandboxed child goes into a PID namespace of its own where `namespaces` can
     make one (see the module docstring): the pid waited for is then its namespace's reaper. Elsewhere it installs a
-    scheduling filter (sandbox.watch_scheduling) before anything else and hands its listener here."""
+    filter of the calls aimed at other processes (sandbox.watch_others) before anything else and hands its
+    listener here."""
     parent_end, child_end = socket.socketpair()
     zygote = os.getpid()
     isolated = spec.get("sandbox") is not None and namespaces is not None and namespaces.enter()
@@ -148,7 +152,7 @@ def fork_child(spec: dict, control: procs.Channel, namespaces) -> tuple[int, int
                 os._exit(1)
             if watched:
                 filter_end.close()
-                listener = sandbox.watch_scheduling()
+                listener = sandbox.watch_others(signals=FENCE_SIGNALS)
                 socket.send_fds(filter_child_end, [b"l"], [] if listener is None else [listener])
                 if listener is not None:
                     os.close(listener)
