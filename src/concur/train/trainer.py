@@ -69,9 +69,9 @@ def train_adapter(
             f"({len(records)} records, {n_dropped} dropped)"
         )
     device = _device(settings["gpus"])
-    if settings["liger_kernels"] and device == "cuda":
-        require_liger()
     args = sft_config(settings, checkpoint_dir, on_cuda=device == "cuda")  # first: starts the distributed state
+    if args.use_liger_kernel:
+        require_liger()
     if args.world_size == 1 and args.n_gpu > 1:
         # one process on a node where it sees several GPUs: train on the first, never nn.DataParallel over all
         # (which TRL refuses); gpus > 1 is what spreads a job over GPUs

@@ -331,9 +331,9 @@ def others_filter(machine: str, own: int, signals: bool) -> bytes:
         if name == "pidfd_send_signal":
             block = [_op(_RET, _DENY)]
         else:
-            block = [_op(_LD, 16)]
+            block = [_op(_LD, 16)]  # the target: args[0], or args[1] once args[0] names one process
             if name in _ONE_PROCESS:
-                block = [_op(_LD, 16), _op(_JEQ, _ONE_PROCESS[name], 1, 0), _op(_RET, _DENY), _op(_LD, 24)]
+                block += [_op(_JEQ, _ONE_PROCESS[name], 1, 0), _op(_RET, _DENY), _op(_LD, 24)]
             if name == "kill":
                 block += [_op(_JEQ, 0xFFFFFFFF, 0, 1), _op(_RET, _DENY)]
             block += [_op(_JEQ, 0, 2, 0), _op(_JEQ, own, 1, 0), _op(_RET, _NOTIFY), _op(_RET, _ALLOW)]
