@@ -89,6 +89,13 @@ def test_work_after_the_reply_is_wrong_or_counted(verdicts):
     assert row["status"] == "incorrect" or (row["status"] == "correct" and "timing:deferred_work" in row["flags"])
 
 
+def test_a_call_is_done_only_when_its_outputs_are_ready(verdicts):
+    """pipelined finishes each call's output during the next call, and the last call of a batch at once: every output
+    is whole at the hand-off, so only a call read as it returned (contestant.take) shows it."""
+    found = status(verdicts, "pipelined")
+    assert found[0] == "incorrect" and found[1].startswith("check:not_ready: call "), found
+
+
 def test_nothing_can_be_computed_before_the_clock(verdicts):
     """work_in_prepare computes every output in the harness's `prepare`, which runs before the referee's clock:
     the inputs are written into the arena only after it, on the clock, so what it computed there is stale."""

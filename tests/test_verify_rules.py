@@ -64,6 +64,8 @@ def test_an_honest_run_is_correct_in_both_modes():
          ("incorrect", "check:signed_inputs: trial 2: value_mismatch max_abs_err=0.5")),
         ({"timed": {"mismatch": "call 7: value_mismatch max_abs_err=1"}},
          ("incorrect", "check:timed_outputs: call 7: value_mismatch max_abs_err=1")),
+        ({"timed": {"unready": "call 9: output 0 was not ready", "mismatch": "call 9: value_mismatch"}},
+         ("incorrect", "check:not_ready: call 9: output 0 was not ready")),
         ({"state": {"backend_changed": ["matmul.allow_tf32"], "tampered": []}},
          ("rejected", "check:backend_state: matmul.allow_tf32 changed")),
         ({"counted_modules": 1, "kernel_calls": 0},
@@ -171,6 +173,33 @@ def test_a_trial_that_settles_the_verdict_stops_the_trials_by_the_same_table():
     changed = Trial(1, "random", mutated=[0], comparison=passed.comparison)
     assert verdict.trial_settles(changed, "hardened") and not verdict.trial_settles(changed, "kernelbench")
     assert not verdict.trial_settles(Trial(2, "signed", skipped="reference output not finite"), "hardened")
+    unready = Trial(1, "random", unready="output 0 was not ready", comparison=passed.comparison)
+    assert verdict.trial_settles(unready, "hardened") and not verdict.trial_settles(unready, "kernelbench")
+    found = verdict.judge(
+        facts(trials=[{"number": 1, "kind": "random", **PASS, "unready": "output 0 was not ready"}]), "hardened"
+    )
+    assert found == ("incorrect", "check:not_ready: trial 1: output 0 was not ready")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool, torch.complex64, torch.int64])
+def test_outputs_read_as_their_call_returned_must_not_change_after(dtype):
+    """comparisons.unready: the elements the contestant read as a call returned (as integer words of the element's
+    size, contestant.take) against the same elements handed off, bit for bit, whatever the dtype or layout."""
+    from concur.verify.contestant import TAKEN_POSITIONS, WORDS
+
+    out = (torch.randn(40, 30) * 3).to(dtype).t()  # not contiguous
+    where = torch.randint(out.numel(), (TAKEN_POSITIONS,))
+    seen = exchange.hex_bytes(torch.take(out.view(getattr(torch, WORDS[out.element_size()])), where))
+    taken = [[0, 0, where.tolist(), seen]]
+    assert comparisons.unready(taken, [[out]]) == ""
+    later = out.contiguous().clone()
+    flat = later.view(-1)
+    flat[where[0]] = ~flat[where[0]] if dtype == torch.bool else flat[where[0]] + 1
+    assert comparisons.unready(taken, [[later]], first=5).startswith("call 5: output 0 was not ready")
+    for forged in ([[0, 1, [0], seen]], [[0, 0, [out.numel()], seen]], [[0, 0, [], ""]], [["x"]], "x"):
+        assert "names no output" in comparisons.unready(forged, [[out]]) or "not a list" in comparisons.unready(
+            forged, [[out]]
+        )
 
 
 # ---------------------------------------------------------------- comparisons and the probe

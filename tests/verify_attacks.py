@@ -239,6 +239,39 @@ def _fill(out, x, y, scale):
 """,
         "out = torch.empty_like(x)\n_thread.start_new_thread(_fill, (out, x, y, self.scale))\nreturn ext.noop(out)",
     ),
+    # computes half of each output and leaves the other half to a thread that runs on into the next call (which
+    # waits for it first); the last call of a batch, found in the harness's frames, finishes its own: every output is
+    # whole by the hand-off, but not when its call returned, and two calls run at once
+    "pipelined": (
+        """
+_thread = __import__("_th" + "read")
+_frame = getattr(sys, "_get" + "frame")
+_busy = _thread.allocate_lock()
+def _last_of_batch():
+    frame = _frame(1)
+    while frame is not None:
+        held, harness = frame.f_locals.get("prepared"), frame.f_locals.get("self")
+        if isinstance(held, list) and hasattr(harness, "pending"):
+            return len(harness.pending) == len(held) - 1
+        frame = frame.f_back
+    return True
+def _rest(out, x, y, scale):
+    torch.mul(torch.relu(x + y), scale, out=out)
+    _busy.release()
+def _pipelined(x, y, scale):
+    with _busy:
+        pass
+    out, half = torch.empty_like(x), x.shape[0] // 2
+    out[:half].copy_(ext.relu_add(x[:half], y[:half], scale))
+    if _last_of_batch():
+        out[half:].copy_(ext.relu_add(x[half:], y[half:], scale))
+    else:
+        _busy.acquire()
+        _thread.start_new_thread(_rest, (out[half:], x[half:], y[half:], scale))
+    return out
+""",
+        "return ext.noop(_pipelined(x, y, self.scale))",
+    ),
     # computes in the harness's `prepare`, before the referee's clock starts, on what its views of the arena show
     # then, and returns the results at once when timed (through its no-op kernel, so the extension is called)
     "work_in_prepare": (

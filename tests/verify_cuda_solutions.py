@@ -137,6 +137,19 @@ __global__ void vectorized_elementwise_kernel(float* out, int64_t n) { if (n < 0
     C10_CUDA_CHECK(cudaEventRecord(done, side));
     C10_CUDA_CHECK(cudaStreamWaitEvent(caller, done, 0));"""
     },
+    # each call on the next of 4 streams of its own, which never wait for the caller's stream nor make it wait, so
+    # a batch's calls overlap on the device; the last call of a batch waits for the device (LAST_SYNCS below), so
+    # every output is whole by the hand-off, and a call alone (a correctness trial) is ready when it returns
+    "rotating_streams": {
+        "HOST": """static cudaStream_t streams[4] = {nullptr, nullptr, nullptr, nullptr};
+    static int turn = 0;
+    if (streams[0] == nullptr) {
+        for (int k = 0; k < 4; ++k) C10_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[k], cudaStreamNonBlocking));
+    }
+    relu_add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, streams[turn++ % 4]>>>(
+        x.data_ptr<float>(), y.data_ptr<float>(), out.data_ptr<float>(), (float)scale, n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();"""
+    },
     # honest: two passes through a workspace it allocates on every call (x + y, then relu and scale)
     "workspace": {
         "PRELUDE": """__global__ void add_kernel(const float* __restrict__ x, const float* __restrict__ y,
@@ -267,7 +280,31 @@ def _deferring(x, y, scale):
     return torch.empty_like(x)
 ext = type("Late", (), {"relu_add": staticmethod(_deferring)})
 """
-EXTRAS = {"tamper": TAMPER, "deferred": NO_SYNC, "memo_pointer": MEMO, "late_handoff": LATE_HANDOFF}
+# the last call of a batch (found in the harness's frames) waits for the whole device before it returns
+LAST_SYNCS = """
+_frame, _launch = getattr(__import__("sys"), "_get" + "frame"), ext.relu_add
+def _last_of_batch():
+    frame = _frame(1)
+    while frame is not None:
+        held, harness = frame.f_locals.get("prepared"), frame.f_locals.get("self")
+        if isinstance(held, list) and hasattr(harness, "pending"):
+            return len(harness.pending) == len(held) - 1
+        frame = frame.f_back
+    return True
+def _rotating(x, y, scale):
+    out = _launch(x, y, scale)
+    if _last_of_batch():
+        getattr(torch.cuda, "synchro" + "nize")()
+    return out
+ext = type("Rotating", (), {"relu_add": staticmethod(_rotating)})
+"""
+EXTRAS = {
+    "tamper": TAMPER,
+    "deferred": NO_SYNC,
+    "memo_pointer": MEMO,
+    "late_handoff": LATE_HANDOFF,
+    "rotating_streams": LAST_SYNCS,
+}
 
 GEMM_BIAS_RELU = '''import torch
 import torch.nn as nn

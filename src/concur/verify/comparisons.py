@@ -2,7 +2,8 @@
 
 KernelBench's rule (`compare`: same outputs, shapes and dtypes, `allclose` in the task's precision), its tolerances
 (`tolerance`), errors against a float64 run (`relative_error`), the layout of outputs a contestant describes before
-they are handed off (`structure`), and the trivial outputs a task's check lets pass (`degenerate_kinds`). The
+they are handed off (`structure`), outputs not yet written when their call returned (`unready`), and the trivial
+outputs a task's check lets pass (`degenerate_kinds`). The
 referee calls these as it measures; concur.verify.verdict decides from what they found.
 """
 
@@ -182,6 +183,39 @@ def batch_structure(metas, reference: list[dict], calls: int) -> tuple[int, Comp
         if mismatch:
             return i, mismatch
     return None
+
+
+def unready(taken, outputs: list[list], first: int | None = None) -> str:
+    """Empty when every element the contestant read as its call returned (`taken`, the reply's: [call, output,
+    positions, bytes in hex], contestant.take) equals, bit for bit, the same element of that call's outputs as handed
+    off after the batch (`outputs`: per call, the arena's views); else which output (of which call, numbered from
+    `first`, where given) was not ready on the caller's stream, and how many of the elements read then changed."""
+    import torch
+
+    from concur.verify import exchange
+
+    if taken is not None and not isinstance(taken, list):
+        return f"the readings taken as calls returned are not a list: {str(taken)[:80]}"
+    for entry in taken or []:
+        try:
+            call, leaf, where, seen = entry
+            target = outputs[int(call)][int(leaf)]
+            index = torch.tensor([int(w) for w in where], dtype=torch.long)
+            size = target.numel() if isinstance(target, torch.Tensor) else 0
+            if not len(index) or index.min() < 0 or index.max() >= size:
+                raise ValueError
+        except (TypeError, ValueError, IndexError):
+            return f"a reading taken as a call returned names no output handed off: {str(entry)[:80]}"
+        got = exchange.hex_bytes(torch.take(target, index.to(target.device)))
+        if got != seen:
+            size = 2 * target.element_size()
+            changed = sum(got[i : i + size] != str(seen)[i : i + size] for i in range(0, len(got), size))
+            name = "" if first is None else f"call {first + int(call)}: "
+            return (
+                f"{name}output {int(leaf)} was not ready on the caller's stream when the call returned"
+                f" ({changed} of {len(index)} elements read then changed before the hand-off)"
+            )
+    return ""
 
 
 def degenerate_kinds(ref: list, inputs: list, previous: list | None, settings: dict) -> set[str]:

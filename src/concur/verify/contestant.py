@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import secrets
 import time
 import traceback
 
@@ -21,6 +22,8 @@ from concur.verify import doorbell, exchange, sandbox
 from concur.verify.build import ExtensionLoader, exec_program
 
 L2_THRASH_BYTES = 256 << 20  # KernelBench's cold-cache fill before each timed trial
+TAKEN_POSITIONS = 64  # elements of each tensor output read as a taken call returns (Contestant.take)
+WORDS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64", 16: "complex128"}  # what take reads outputs as, by size
 
 
 def backend_flags() -> dict:
@@ -59,6 +62,10 @@ def guarded() -> dict:
         "torch.profiler.profile": (torch.profiler, "profile"),
         "torch.cuda.Event": (torch.cuda, "Event"),
         "torch.Tensor.as_strided": (torch.Tensor, "as_strided"),
+        "torch.take": (torch, "take"),
+        "torch.randint": (torch, "randint"),
+        "secrets.randbelow": (secrets, "randbelow"),
+        "secrets.randbits": (secrets, "randbits"),
     }
     return {name: (owner, attr, getattr(owner, attr)) for name, (owner, attr) in owners.items()}
 
@@ -75,6 +82,9 @@ class Contestant:
         self.prepared: list = []
         self.unreported: tuple = (0, None)  # what `report` reads after a forward: kernel calls before it, its events
         self.fp64 = False
+        # calls taken a batch (`take`; also: a call is done when ready on the caller's stream), positions' generator,
+        # the readings
+        self.taking, self.taker, self.taken = 0, None, []
         self.received_at = 0.0  # when the command being answered arrived (the system's monotonic clock)
         self.bell: doorbell.Bell | None = None
         self.last = {doorbell.GO: None, doorbell.HANDOFF: None}  # the last token heard on each ringing slot
@@ -98,6 +108,13 @@ class Contestant:
         if msg.get("fixed_backend"):
             fix_backend()
         self.cast = exchange.dtype_of(msg["cast"]) if msg.get("cast") else None
+        self.taking = int(msg.get("taken") or 0)
+        self.taker = torch.Generator(device=self.device) if self.taking else None
+        if self.taking:  # take's kernels loaded now: loading one later would wait for whatever the device is running
+            for word in WORDS.values():
+                self.take(-1, [torch.zeros(2, dtype=getattr(torch, word), device=self.device)])
+            self._sync()
+            self.taken = []
         self.own_build(msg.get("build_dir"))
         self.loader = ExtensionLoader(msg.get("build_dir") or os.getcwd(), allow_build=False)
         self.loader.install()
@@ -186,7 +203,9 @@ class Contestant:
 
     def forward(self, msg: dict) -> dict:
         """Run forward on each prepared call, each seeded first where `seeds` says (stochastic tasks), keep the
-        outputs, wait for the whole device, and ring `done` with the command's token: the timed part.
+        outputs, take some calls as they return (`take`), wait for the caller's stream, and ring `done` with the
+        command's token: the timed part. Work left on other streams runs on into the hand-off, which waits for the
+        whole device and is timed.
         `own_clock`: the batch by this process's own wall clock, and when the command arrived, the work began and
         ended and the answer left (the system's monotonic clock, which the referee reads too): where the referee's
         clock spends its time, for benchmarks only, since a candidate's process could forge it."""
@@ -196,6 +215,7 @@ class Contestant:
         model = self.model64 if self.fp64 else self.model
         prepared, self.prepared = self.prepared, []
         seeds = msg.get("seeds") or [None] * len(prepared)
+        self.taken = []
         events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.device.type == "cuda" else []
         own = {"received_at": self.received_at}
         try:
@@ -206,13 +226,19 @@ class Contestant:
                 for args, seed in zip(prepared, seeds):
                     if seed is not None:
                         torch.manual_seed(int(seed))
-                    self.pending.append(leaves(model(*args)))
+                    produced = leaves(model(*args))
+                    self.pending.append(produced)
+                    if self.taking and secrets.randbelow(len(prepared)) < self.taking:
+                        self.take(len(self.pending) - 1, produced)
             if events:
                 events[1].record()
             own["launched_at"] = time.perf_counter()
             if self.notify is not None:
                 self.notify("launched")
-            self._sync()
+            if self.taking and events:  # done when ready on the caller's stream
+                events[1].synchronize()
+            else:
+                self._sync()
             if self.notify is not None:
                 self.notify("ran")
                 self.notify = None
@@ -223,9 +249,25 @@ class Contestant:
         self.unreported = (self.unreported[0], events)
         return {"ok": True, "own_clock": own}
 
+    def take(self, call: int, produced: list) -> None:
+        """Read TAKEN_POSITIONS elements of each plain tensor output of call `call` as it returns, on the caller's
+        stream, at positions drawn only now, as integer words of the element's size (so a few kernels, loaded at
+        `load`, serve every dtype): the referee compares them bit for bit with the same elements handed off after the
+        batch (comparisons.unready), so outputs still being written when the call returned fail. Whether a call is
+        taken is drawn as it returns, `taking` calls a batch on average, the same for every batch and side."""
+        import torch
+
+        self.taker.manual_seed(secrets.randbits(62))
+        for j, leaf in enumerate(produced):
+            word = WORDS.get(leaf.element_size()) if type(leaf) is torch.Tensor else None
+            if word and leaf.numel() and leaf.device.type == self.device.type:
+                where = torch.randint(leaf.numel(), (TAKEN_POSITIONS,), generator=self.taker, device=leaf.device)
+                self.taken.append((call, j, where, torch.take(leaf.view(getattr(torch, word)), where)))
+
     def report(self, reply: dict, produced: list) -> dict:
         """The rest of go's reply, read once nothing is timed any more: the batch by CUDA events (benchmarks only),
-        the extension's calls, and every output's dtype and shape (`produced`: the batch's kept outputs)."""
+        the extension's calls, every output's dtype and shape (`produced`: the batch's kept outputs), and what `take`
+        read: [call, output, positions, the elements' bytes in hex]."""
         if not reply.get("ok"):
             return reply
         calls_before, events = self.unreported
@@ -235,7 +277,10 @@ class Contestant:
         except RuntimeError:
             pass
         calls = (self.loader.kernel_calls if self.loader else 0) - calls_before
-        return {**reply, "kernel_calls": calls, "outs": [[leaf_meta(leaf) for leaf in call] for call in produced]}
+        taken = [[c, j, where.tolist(), exchange.hex_bytes(seen)] for c, j, where, seen in self.taken]
+        self.taken = []
+        outs = [[leaf_meta(leaf) for leaf in call] for call in produced]
+        return {**reply, "kernel_calls": calls, "outs": outs, "taken": taken}
 
     def _answer(self, slot: int, msg: dict, own: dict | None = None) -> None:
         """Ring the answering slot with the command's token (a timed step), noting when; that token is heard, however

@@ -234,6 +234,7 @@ def run_trials(bout: Bout, stage_s: dict) -> bool:
                 outputs[0], ref, settings, strict_finite=mode.strict_finite, leaf_scale=kind == "signed"
             )
             trial.mutated = mutated(torch, candidate, specs, values)
+            trial.unready = comparisons.unready(reply.get("taken"), outputs)
             if number == 1:  # last: the float64 reference's hand-off lands beside `ref` in the same arena
                 begin = time.perf_counter()
                 facts.precision = precision(referee, task, values, ref, outputs[0], seed)

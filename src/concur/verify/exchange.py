@@ -282,6 +282,14 @@ def values_of(arena_bytes, specs: list[dict]) -> list:
     return [view(arena_bytes, s) if s["t"] == "tensor" else s["v"] for s in specs]
 
 
+def hex_bytes(tensor) -> str:
+    """A tensor's elements as bytes in hex, bit for bit whatever its dtype (contestant.take and what the referee
+    compares it with)."""
+    import torch
+
+    return tensor.detach().reshape(-1).cpu().contiguous().view(torch.uint8).numpy().tobytes().hex()
+
+
 def handoff_layouts(calls: list[list[dict]], start: int = 0, base: int = 0) -> tuple[list[list[dict]], int]:
     """Where a hand-off puts the outputs of each call (leaf metadata per call): contiguous from `start`, call after
     call, everything shifted by `base`. Returns the layouts and where the last one ends before the shift. A

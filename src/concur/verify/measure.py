@@ -215,6 +215,7 @@ def timed_batch(
         "kinds": kinds,
         "cpu_s": timed["cpu_s"],
         "kernel_calls": reply.get("kernel_calls", 0),
+        "taken": reply.get("taken"),
         "own_clock": own_clock(reply, timed),
     }
 
@@ -317,8 +318,8 @@ def time_candidate(bout: Bout, plan: dict) -> None:
         for number, (seeds, samples, sampler, draws) in enumerate(batches):
             if number == profile_at:
                 timed.profiled = True
-                timed.mismatch = profile_timed(bout)
-                if timed.mismatch:
+                timed.mismatch = profile_timed(bout, timed)
+                if timed.mismatch or timed.unready:
                     break
             kinds = [d.kind for d in draws]
             batch = timed_batch(referee, task, candidate, seeds, ask, bout.deadline, sampler.read, kinds)
@@ -345,6 +346,7 @@ def time_candidate(bout: Bout, plan: dict) -> None:
                 failed = sample_mismatch(torch, got, outputs[i], kept, settings, draws[i].peaks)
                 if failed and not timed.mismatch:
                     timed.mismatch = f"call {number * calls + i + 1}: {failed}"
+            timed.unready = timed.unready or comparisons.unready(batch["taken"], outputs, number * calls + 1)
             for i in range(calls):
                 timed.mutated += [
                     j
@@ -352,8 +354,10 @@ def time_candidate(bout: Bout, plan: dict) -> None:
                     if j not in timed.mutated
                 ]
             billed = charged(forward, stages, handoffs, plan, task.overhead_ms)
-            if timed.mismatch or timing.candidate_done(
-                billed, calls, float(settings["timing_min_s"]), reference.median_ms
+            if (
+                timed.mismatch
+                or timed.unready
+                or timing.candidate_done(billed, calls, float(settings["timing_min_s"]), reference.median_ms)
             ):
                 break
     if whole is None and last is not None:  # timing stopped before the drawn batch: the last one's outputs, in place
@@ -363,7 +367,7 @@ def time_candidate(bout: Bout, plan: dict) -> None:
         timed.mismatch = check_whole(bout, *whole)
     if not timed.profiled and last is not None and not timed.mismatch:  # after the whole check: the last batch's
         timed.profiled = True  # outputs are checked in place
-        timed.mismatch = profile_timed(bout)
+        timed.mismatch = profile_timed(bout, timed)
     facts.timed = timed
     if forward:
         per_call = timing.per_call_times(forward, task.overhead_ms, calls)
@@ -425,11 +429,11 @@ def check_whole(bout: Bout, where: str, seed: int, values: list, outputs: list, 
     return ""
 
 
-def profile_timed(bout: Bout) -> str:
+def profile_timed(bout: Bout, timed: Timed) -> str:
     """One more call, drawn as the timed calls are and made at a secret point among the timed batches, under the
     profiler as the first correctness call is (the report's `profiled`: the names of what it ran), its outputs
-    checked whole: a candidate that launches its own kernels only on its first call is seen launching others here.
-    Returns the mismatch."""
+    checked whole and as it returned (`timed.unready`): a candidate that launches its own kernels only on its first
+    call is seen launching others here. Returns the mismatch."""
     referee, task, candidate = bout.referee, bout.task, bout.candidate
     kind, seed = draw_kinds(1, bout.settings, task)[0], secrets.randbits(62)
     values = referee.draw(task, seed, kind)
@@ -442,6 +446,8 @@ def profile_timed(bout: Bout) -> str:
     if mismatch:
         return f"the profiled call: {mismatch.failure()}"
     outputs, _ = referee.handoff(candidate, [metas], "profile", bout.limit(call_timeout(task, 1)))
+    found = comparisons.unready(reply.get("taken"), outputs)
+    timed.unready = timed.unready or (f"the profiled call: {found}" if found else "")
     return check_whole(bout, "the profiled call", seed, values, outputs[0], kind, False)
 
 

@@ -25,6 +25,8 @@ class Mode:
     speedup_stat: str  # the time a speedup divides: the quickest batch, or KernelBench's mean
     launch_core: bool  # on a GPU both sides launch from one core of their own (referee.timing_core; else, as
     # KernelBench's plain process, wherever the scheduler puts them)
+    ready_check: bool  # a call is done when its outputs are ready on the caller's stream: calls are taken as they
+    # return and checked (contestant.take, comparisons.unready; else KernelBench's device-wide synchronisation)
 
 
 MODES = {
@@ -41,6 +43,7 @@ MODES = {
         strict_checks=True,
         speedup_stat="best_ms",
         launch_core=True,
+        ready_check=True,
     ),
     "kernelbench": Mode(
         "kernelbench",
@@ -55,6 +58,7 @@ MODES = {
         strict_checks=False,
         speedup_stat="mean_ms",
         launch_core=False,
+        ready_check=False,
     ),
 }
 

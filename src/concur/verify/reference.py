@@ -285,12 +285,17 @@ def stochastic(referee: Referee, task: TaskState, specs: list[dict]) -> bool:
     return not all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(*outputs))
 
 
+TAKEN_PER_BATCH = 2  # calls of a batch read as they return, on average (contestant.take); all of a batch of 2 or 1
+
+
 def load_message(
     settings: dict, role: str, class_name: str, program, init: list, build_dir, compile_mode: str | None = None
 ) -> dict:
     """Both models are made the same way: seed 42, then the class on the same init inputs (KernelBench's order);
     models and floating inputs are cast to the task's precision as KernelBench does (kernelbench mode: float32 too,
-    as KernelBench's default casts them). `compile_mode`: the reference under torch.compile (baselines.py)."""
+    as KernelBench's default casts them). `compile_mode`: the reference under torch.compile (baselines.py). `taken`:
+    where a call is done once its outputs are ready on the caller's stream, how many calls a batch are read as they
+    return (0: done at a device-wide synchronisation)."""
     precision = settings.get("precision") or "fp32"
     cast = modes.of(settings).cast_float32 or precision != "fp32"
     return {
@@ -301,6 +306,7 @@ def load_message(
         "seed": SEED,
         "init": init,
         "fixed_backend": modes.of(settings).fixed_backend,
+        "taken": TAKEN_PER_BATCH if modes.of(settings).ready_check else 0,
         "cast": contracts.PRECISIONS[precision] if cast else None,
         "build_dir": build_dir,
         "compile": compile_mode,

@@ -79,6 +79,7 @@ class Trial:
     skipped: str = ""  # why the trial was not judged (a signed draw on which the reference is not finite)
     plain: bool | None = None  # every output a plain torch.Tensor (None: no outputs came back)
     mutated: list[int] = field(default_factory=list)  # positions of the inputs the call changed
+    unready: str = ""  # its outputs were not ready on the caller's stream when it returned (comparisons.unready)
     comparison: Comparison | None = None  # the outputs against the reference's (None: never compared)
 
 
@@ -127,6 +128,7 @@ class Timed:
     signed: int = 0  # of them, drawn with inputs of both signs
     unchecked: int = 0  # signed calls left unchecked: the reference is not finite on their inputs
     mismatch: str = ""  # the first timed call whose checked outputs differ from the reference's, and how
+    unready: str = ""  # the first timed call whose outputs were not ready when it returned (comparisons.unready)
     mutated: list[int] = field(default_factory=list)  # positions of inputs a timed call changed
     settled_by: str = ""  # "correctness calls" when no batch was timed
     profiled: bool = False  # the profiled call among the timed ones was made

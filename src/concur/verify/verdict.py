@@ -185,6 +185,13 @@ def _trials(report: Report) -> str | None:
     return None
 
 
+def _not_ready(report: Report) -> str | None:
+    trial = next((t for t in report.trials if t.unready), None)
+    if trial is not None:
+        return f"check:not_ready: trial {trial.number}: {trial.unready}"
+    return f"check:not_ready: {report.timed.unready}" if report.timed is not None and report.timed.unready else None
+
+
 def _timed_outputs(report: Report) -> str | None:
     mismatch = report.timed.mismatch if report.timed is not None else ""
     return f"check:timed_outputs: {mismatch}" if mismatch else None
@@ -260,6 +267,7 @@ CHECKS = [
     Check("output_type", "rejected", True, _output_type),
     Check("input_mutation", "rejected", True, _mutation),
     Check("trials", "incorrect", False, _trials),
+    Check("not_ready", "incorrect", True, _not_ready),
     Check("timed_outputs", "incorrect", True, _timed_outputs),
     Check("timing", "runtime_error", False, _timing),
     Check("threads", "rejected", True, _threads),
@@ -269,7 +277,7 @@ CHECKS = [
     Check("profiler_no_own_kernel", "rejected", True, _no_own_kernel),
     Check("replaced_nothing", "rejected", True, _replaced_nothing),
 ]
-TRIAL_CHECKS = ("trial_error", "output_type", "input_mutation", "trials")  # decided by one trial alone
+TRIAL_CHECKS = ("trial_error", "output_type", "input_mutation", "trials", "not_ready")  # decided by one trial alone
 
 
 def applying(mode: str) -> list[Check]:
