@@ -71,6 +71,19 @@ class ModelNew(nn.Module):
 {body}
 """
 
+# module-level code: whether this call is the last of its batch, read from the harness's frames
+LAST_OF_BATCH = """
+_frame = getattr(__import__("sys"), "_get" + "frame")
+def _last_of_batch():
+    frame = _frame(1)
+    while frame is not None:
+        held, harness = frame.f_locals.get("prepared"), frame.f_locals.get("self")
+        if isinstance(held, list) and hasattr(harness, "pending"):
+            return len(harness.pending) == len(held) - 1
+        frame = frame.f_back
+    return True
+"""
+
 # name -> (module-level code, forward body); forward bodies are indented by solution()
 VARIANTS = {
     "honest": ("", HONEST_FORWARD),
@@ -243,18 +256,10 @@ def _fill(out, x, y, scale):
     # waits for it first); the last call of a batch, found in the harness's frames, finishes its own: every output is
     # whole by the hand-off, but not when its call returned, and two calls run at once
     "pipelined": (
-        """
+        LAST_OF_BATCH
+        + """
 _thread = __import__("_th" + "read")
-_frame = getattr(sys, "_get" + "frame")
 _busy = _thread.allocate_lock()
-def _last_of_batch():
-    frame = _frame(1)
-    while frame is not None:
-        held, harness = frame.f_locals.get("prepared"), frame.f_locals.get("self")
-        if isinstance(held, list) and hasattr(harness, "pending"):
-            return len(harness.pending) == len(held) - 1
-        frame = frame.f_back
-    return True
 def _rest(out, x, y, scale):
     torch.mul(torch.relu(x + y), scale, out=out)
     _busy.release()

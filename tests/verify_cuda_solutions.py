@@ -8,6 +8,8 @@ the full program (ModelNew + load_inline) for that variant.
 
 from pathlib import Path
 
+from verify_attacks import LAST_OF_BATCH
+
 TASK_DIR = Path(__file__).parent / "fixtures" / "verify_cuda"
 
 
@@ -281,16 +283,10 @@ def _deferring(x, y, scale):
 ext = type("Late", (), {"relu_add": staticmethod(_deferring)})
 """
 # the last call of a batch (found in the harness's frames) waits for the whole device before it returns
-LAST_SYNCS = """
-_frame, _launch = getattr(__import__("sys"), "_get" + "frame"), ext.relu_add
-def _last_of_batch():
-    frame = _frame(1)
-    while frame is not None:
-        held, harness = frame.f_locals.get("prepared"), frame.f_locals.get("self")
-        if isinstance(held, list) and hasattr(harness, "pending"):
-            return len(harness.pending) == len(held) - 1
-        frame = frame.f_back
-    return True
+LAST_SYNCS = (
+    LAST_OF_BATCH
+    + """
+_launch = ext.relu_add
 def _rotating(x, y, scale):
     out = _launch(x, y, scale)
     if _last_of_batch():
@@ -298,6 +294,7 @@ def _rotating(x, y, scale):
     return out
 ext = type("Rotating", (), {"relu_add": staticmethod(_rotating)})
 """
+)
 EXTRAS = {
     "tamper": TAMPER,
     "deferred": NO_SYNC,
