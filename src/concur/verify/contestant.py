@@ -266,7 +266,8 @@ class Contestant:
 
         self.taker.manual_seed(secrets.randbits(62))
         for j, leaf in enumerate(produced):
-            word = WORDS.get(leaf.element_size()) if type(leaf) is torch.Tensor else None
+            plain = type(leaf) is torch.Tensor and leaf.layout == torch.strided and not leaf.is_nested
+            word = WORDS.get(leaf.element_size()) if plain and not leaf.is_quantized else None
             if word and leaf.numel() and leaf.device.type == self.device.type:
                 where = torch.randint(leaf.numel(), (TAKEN_POSITIONS,), generator=self.taker, device=leaf.device)
                 self.taken.append((call, j, where, torch.take(leaf.view(getattr(torch, word)), where)))

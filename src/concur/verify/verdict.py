@@ -267,8 +267,8 @@ CHECKS = [
     Check("output_type", "rejected", True, _output_type),
     Check("input_mutation", "rejected", True, _mutation),
     Check("trials", "incorrect", False, _trials),
-    Check("not_ready", "incorrect", True, _not_ready),
     Check("timed_outputs", "incorrect", True, _timed_outputs),
+    Check("not_ready", "incorrect", True, _not_ready),  # after: an output reused by later calls fails both
     Check("timing", "runtime_error", False, _timing),
     Check("threads", "rejected", True, _threads),
     Check("backend_state", "rejected", True, _backend_state),
