@@ -176,7 +176,7 @@ def test_hardened_counts_work_on_every_stream_and_past_the_reply(verdicts):
     if side.status == "correct":  # ready when read as it returned (its first repeat done by then): all 20 timed
         assert side.speedup < 1.0
     else:
-        assert side.status == "incorrect" and side.reason.startswith("check:not_ready"), side.reason
+        assert side.status == "incorrect" and side.reason.startswith(("check:not_ready", "check:timed_outputs"))
     rotating = hardened.loc["rotating_streams"]  # a batch's calls overlap; each output whole by the batch's end
     assert rotating.status == "incorrect" and rotating.reason.startswith("check:not_ready: call "), rotating.reason
     deferred = hardened.loc["deferred"]  # joined to the caller's stream; its no-op synchronisation hastens the hand-off
