@@ -3,8 +3,8 @@
 KernelBench's rule (`compare`: same outputs, shapes and dtypes, `allclose` in the task's precision), its tolerances
 (`tolerance`), errors against a float64 run (`relative_error`), the layout of outputs a contestant describes before
 they are handed off (`structure`), outputs not yet written when their call returned (`unready`), and the trivial
-outputs a task's check lets pass (`degenerate_kinds`). The
-referee calls these as it measures; concur.verify.verdict decides from what they found.
+outputs a task's check lets pass (`degenerate_kinds`). The referee calls these as it measures; concur.verify.verdict
+decides from what they found.
 """
 
 from __future__ import annotations
@@ -208,8 +208,8 @@ def unready(taken, outputs: list[list], first: int | None = None) -> str:
             return f"a reading taken as a call returned names no output handed off: {str(entry)[:80]}"
         got = exchange.hex_bytes(torch.take(target, index.to(target.device)))
         if got != seen:
-            size = 2 * target.element_size()
-            changed = sum(got[i : i + size] != str(seen)[i : i + size] for i in range(0, len(got), size))
+            width = 2 * target.element_size()  # hex digits an element
+            changed = sum(got[i : i + width] != str(seen)[i : i + width] for i in range(0, len(got), width))
             name = "" if first is None else f"call {first + int(call)}: "
             return (
                 f"{name}output {int(leaf)} was not ready on the caller's stream when the call returned"

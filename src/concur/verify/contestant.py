@@ -109,8 +109,8 @@ class Contestant:
             fix_backend()
         self.cast = exchange.dtype_of(msg["cast"]) if msg.get("cast") else None
         self.taking = int(msg.get("taken") or 0)
-        self.taker = torch.Generator(device=self.device) if self.taking else None
         if self.taking:  # take's kernels loaded now: loading one later would wait for whatever the device is running
+            self.taker = torch.Generator(device=self.device)
             for word in WORDS.values():
                 self.take(-1, [torch.zeros(2, dtype=getattr(torch, word), device=self.device)])
             self._sync()
