@@ -8,7 +8,8 @@ ratio is shown beside it). The verifier's comes from `verify_frame` on the same 
 side by side and their ratio (the target: within 10 % on every row). `--doorbell both` verifies the candidates with
 the timed steps on the doorbell and on the socket alone, a row each; `--launch-core both` with each side's main
 thread on the launch core while it is timed and from its take on (orchestrate.LAUNCH_CORE); `--cupti` adds a plain
-reading taken after one profiled call of each model, so CUPTI stays attached as it does in the verifier's processes.
+reading taken after one profiled call of each model, so CUPTI stays attached as it does in the verifier's processes;
+`--trace FILE` writes each verification's batch readings (api.TRACE_SINK) there, as JSON.
 
     python benchmarks/small_speedups.py --variants fast,fast_vec --sizes 256x1024,1024x1024,4096x4096
 """
@@ -16,6 +17,7 @@ reading taken after one profiled call of each model, so CUPTI stays attached as 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -90,12 +92,13 @@ def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = Fals
 
 
 def verifier(
-    variants: list[str], sizes: list[str], mode: str, work: Path, cache: Path, bell=True, core="timed"
+    variants: list[str], sizes: list[str], mode: str, work: Path, cache: Path, bell=True, core="timed", traced=None
 ) -> dict:
+    """The verifier's readings; `traced`: a dict given each candidate's trace and timing summary."""
     from verify_cuda_solutions import solution
     from verify_frames import candidates_frame, tasks_frame
 
-    from concur.verify import compile_frame, orchestrate, verify_frame
+    from concur.verify import api, compile_frame, orchestrate, verify_frame
 
     orchestrate.DOORBELL, orchestrate.LAUNCH_CORE = bell, core  # the referees start again (their pool's key)
 
@@ -105,7 +108,15 @@ def verifier(
     )
     settings = {"device": "cuda", "mode": mode, "workers": 4, "timeout_s": 300, "build_cache": str(cache)}
     builds = compile_frame(candidates, settings, work / "compile", False)
-    table = verify_frame(candidates, tasks, settings, work / "verify", False, builds=builds).set_index("candidate_id")
+    if traced is not None:
+        api.TRACE_SINK = lambda cid, report: traced.__setitem__(
+            cid, {**report.trace, "timing": dataclasses.asdict(report.timing) if report.timing else None}
+        )
+    try:
+        table = verify_frame(candidates, tasks, settings, work / "verify", False, builds=builds)
+    finally:
+        api.TRACE_SINK = None
+    table = table.set_index("candidate_id")
     return {
         cid: (row["status"], row["speedup"], row["ref_best_ms"], row["new_best_ms"]) for cid, row in table.iterrows()
     }
@@ -120,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--doorbell", choices=["on", "off", "both"], default="on")
     parser.add_argument("--launch-core", choices=["timed", "taken", "both"], default="timed")
     parser.add_argument("--cupti", action="store_true", help="also a plain reading with CUPTI attached")
+    parser.add_argument("--trace", type=Path, help="write the verifier's batch readings here (JSON)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: the independent reading of one variant
     parser.add_argument("--attach-cupti", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -143,14 +155,17 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps({"reading": label, "variant": v, **plain[label][v]}), flush=True)  # kept if cut short
     bells = {"on": [True], "off": [False], "both": [True, False]}[args.doorbell]
     holds = ["timed", "taken"] if args.launch_core == "both" else [args.launch_core]
-    judged = {}
+    judged, traces = {}, {}
     for bell in bells:
         for core in holds:
             label = f"verifier, doorbell {'on' if bell else 'off'}" + (f", core {core}" if len(holds) > 1 else "")
+            traced = traces[label] = {} if args.trace else None
             judged[label] = verifier(
-                args.variants, args.sizes, args.mode, work / f"v-{bell}-{core}", work / "cache", bell, core
+                args.variants, args.sizes, args.mode, work / f"v-{bell}-{core}", work / "cache", bell, core, traced
             )
             print(json.dumps({"reading": label, **judged[label]}), flush=True)
+            if args.trace:
+                args.trace.write_text(json.dumps({"plain": plain, "verifier": traces}))
     print("| task | variant | reading | ref / kernel ms (quickest) | speedup | vs plain loop |")
     print("|---|---|---|---:|---:|---:|")
     for size in args.sizes:

@@ -89,6 +89,14 @@ def test_work_after_the_reply_is_wrong_or_counted(verdicts):
     assert row["status"] == "incorrect" or (row["status"] == "correct" and "timing:deferred_work" in row["flags"])
 
 
+def test_the_reference_is_timed_with_the_candidate_stopped(verdicts):
+    """The two sides take turns; slows_the_reference keeps every core it may use busy from each hand-off until its
+    next batch, which would slow the reference's batches between them: its processes are stopped meanwhile."""
+    table = verdicts[0]
+    assert table.loc["slows_the_reference", "status"] == "correct", table.loc["slows_the_reference", "reason"]
+    assert table.loc["slows_the_reference", "speedup"] < 1.25 * table.loc["honest", "speedup"]
+
+
 def test_a_call_is_done_only_when_its_outputs_are_ready(verdicts):
     """pipelined finishes each call's output during the next call, and the last call of a batch at once: every output
     is whole at the hand-off, so only a call read as it returned (contestant.take) shows it."""

@@ -30,6 +30,7 @@ RELU_ADD = [
     "hang",
     "side_stream",
     "rotating_streams",
+    "slows_the_reference",
     "ghost",
     "alias",
     "deferred",
@@ -185,6 +186,10 @@ def test_hardened_counts_work_on_every_stream_and_past_the_reply(verdicts):
         assert deferred.speedup < 1.0
     if deferred.status == "rejected":  # read whole in time: then the replaced synchronisation is what it is seen by
         assert deferred.reason.startswith("check:tampering"), deferred.reason
+    # leaves 30 ms of spinning on the device after each hand-off: drained before the reference's next batch, the wait
+    # charged to its own
+    slowing = hardened.loc["slows_the_reference"]
+    assert slowing.status == "correct" and slowing.speedup < 1.1 * hardened.loc["fast"].speedup, slowing
     late = hardened.loc["late_handoff"]  # computes after the hand-off's answer, before the referee reads
     assert late.status in ("correct", "incorrect"), late.reason
     if late.status == "correct":  # then the referee's reading waited for that work, on the hand-off's clock

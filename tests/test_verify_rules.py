@@ -463,8 +463,8 @@ def test_what_the_machine_adds_to_some_batches_does_not_move_the_time():
 
 
 def test_stopping_rules():
-    assert not timing.reference_done([1.0] * 5, 1, 0.1)  # too few batches
-    assert timing.reference_done([10.0] * timing.MIN_BATCHES, 1, 0.1)
+    assert not timing.budget_spent([1.0] * 5, 1, 0.1)  # too few batches
+    assert timing.budget_spent([10.0] * timing.MIN_BATCHES, 1, 0.1)
     slow = [100.0] * timing.SLOWER_MIN_BATCHES  # 100x slower than eager: known well enough
     assert timing.candidate_done(slow, 1, 10.0, reference_median_ms=1.0)
     assert not timing.candidate_done([2.0] * 3, 1, 10.0, reference_median_ms=1.0)  # honest, 2x slower: timed on
@@ -472,9 +472,18 @@ def test_stopping_rules():
     assert timing.candidate_done([500.0], 1, 0.1, reference_median_ms=100.0)
     assert not timing.candidate_done([5.0], 1, 0.1, reference_median_ms=1.0)  # one short batch is noise
     # a reference of 400 ms a call: 3 batches (1.2 s) say as much as ten batches of the budget, not ten of 400 ms
-    assert timing.reference_done([400.0] * 3, 1, 0.1)
-    assert not timing.reference_done([40.0] * 3, 1, 0.1)
+    assert timing.budget_spent([400.0] * 3, 1, 0.1)
+    assert not timing.budget_spent([40.0] * 3, 1, 0.1)
     assert timing.speedup(Times(best_ms=2.0), Times(best_ms=1.0)) == 2.0
+
+
+@pytest.mark.parametrize("batch_ms", [1e-4, 0.5, 7.0, 10.0, 33.0, 150.0, 400.0, 5000.0])
+def test_planned_batches_are_where_the_budget_is_spent(batch_ms):
+    """Planned from a first batch, the count is the first at which batches of that time have spent the budget."""
+    planned = timing.planned_batches(batch_ms, 0.1)
+    assert timing.budget_spent([batch_ms] * planned, 1, 0.1)
+    assert planned == 1 or not timing.budget_spent([batch_ms] * (planned - 1), 1, 0.1)
+    assert timing.planned_batches(0.0, 0.1) == timing.planned_batches(-1.0, 0.1) == timing.MAX_BATCHES
 
 
 # ---------------------------------------------------------------- what crosses between processes

@@ -365,6 +365,36 @@ _got = _snoop()
 """,
         "return ext.relu_add(x, y, self.scale) * (1 if _got == 0 else 0)",
     ),
+    # keeps every core it may use busy from the hand-off of each batch until its next batch is prepared: while the
+    # reference is timed, where the two take turns and nothing stops it; honest otherwise
+    "slows_the_reference": (
+        """
+_thread, _get = __import__("_th" + "read"), getattr(__import__("sys"), "_get" + "frame")
+_burning = []
+def _harness():
+    frame = _get(2)
+    while frame is not None:
+        held, harness = frame.f_locals.get("prepared"), frame.f_locals.get("self")
+        if isinstance(held, list) and hasattr(harness, "pending"):
+            return harness, held
+        frame = frame.f_back
+    return None, None
+def _burn(harness):
+    import time
+    end, square = time.perf_counter() + 1.0, torch.randn(384, 384)
+    while harness.pending and time.perf_counter() < end:  # its own hand-off left alone
+        time.sleep(0.0002)
+    while not harness.prepared and time.perf_counter() < end:
+        square @ square
+    _burning.clear()
+def _hog():
+    harness, held = _harness()
+    if harness is not None and len(harness.pending) == len(held) - 1 and not _burning:
+        _burning.append(1)
+        _thread.start_new_thread(_burn, (harness,))
+""",
+        "_hog()\nreturn ext.relu_add(x, y, self.scale)",
+    ),
     # leaves a daemon behind (a new session, a double fork) to outlive its evaluation
     "escape_daemon": (
         """

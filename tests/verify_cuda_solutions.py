@@ -152,6 +152,8 @@ __global__ void vectorized_elementwise_kernel(float* out, int64_t n) { if (n < 0
         x.data_ptr<float>(), y.data_ptr<float>(), out.data_ptr<float>(), (float)scale, n);
     C10_CUDA_KERNEL_LAUNCH_CHECK();"""
     },
+    # the fast kernel, with work left on the device after each hand-off (SLOWS_THE_REFERENCE below)
+    "slows_the_reference": {},
     # honest: two passes through a workspace it allocates on every call (x + y, then relu and scale)
     "workspace": {
         "PRELUDE": """__global__ void add_kernel(const float* __restrict__ x, const float* __restrict__ y,
@@ -295,7 +297,39 @@ def _rotating(x, y, scale):
 ext = type("Rotating", (), {"relu_add": staticmethod(_rotating)})
 """
 )
+# after each batch's hand-off, about 30 ms of one thread spinning on a stream of its own, beside the reference's next
+# batch where the two take turns (the device runs one context at a time, so the reference's batch waits)
+SLOWS_THE_REFERENCE = """
+_thread, _get = __import__("_th" + "read"), getattr(__import__("sys"), "_get" + "frame")
+_busy = []
+def _harness():
+    frame = _get(2)
+    while frame is not None:
+        held, harness = frame.f_locals.get("prepared"), frame.f_locals.get("self")
+        if isinstance(held, list) and hasattr(harness, "pending"):
+            return harness, held
+        frame = frame.f_back
+    return None, None
+def _after_handoff(harness):
+    import time
+    end = time.perf_counter() + 1.0
+    while harness.pending and time.perf_counter() < end:
+        time.sleep(0.0002)
+    time.sleep(0.002)  # past the hand-off's synchronisation
+    with torch.cuda.stream(torch.cuda.Stream()):
+        getattr(torch.cuda, "_sl" + "eep")(60_000_000)
+    _busy.clear()
+_launch = ext.relu_add
+def _slowing(x, y, scale):
+    harness, held = _harness()
+    if harness is not None and len(harness.pending) == len(held) - 1 and not _busy:
+        _busy.append(1)
+        _thread.start_new_thread(_after_handoff, (harness,))
+    return _launch(x, y, scale)
+ext = type("Slowing", (), {"relu_add": staticmethod(_slowing)})
+"""
 EXTRAS = {
+    "slows_the_reference": SLOWS_THE_REFERENCE,
     "tamper": TAMPER,
     "deferred": NO_SYNC,
     "memo_pointer": MEMO,

@@ -97,7 +97,7 @@ def one_call(referee: Referee, task: TaskState, values: list) -> list:
 def time_baseline(referee: Referee, task: TaskState, settings: dict) -> Times:
     """The current reference runner's time as eager's is taken (its timing summary)."""
     if task.mode.batches:
-        return measure.reference_summary(task, measure.time_reference(referee, task, settings))
+        return measure.time_reference(referee, task, settings).summary(task)
     values = referee.draw(task, SEED, "random")
     with reference_side():
         specs = referee.stage(task.runner, [values], "reference")[0]

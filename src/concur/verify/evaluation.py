@@ -76,10 +76,6 @@ def evaluate(referee: Referee, job: dict) -> Report:
         stages.into.update({f"setup.{k}": v for k, v in task.setup_s.items()})  # the job that set it up
         task.setup_s = {}
         facts.baselines = task.baselines  # the reference's times under torch.compile (baselines.py)
-        with stages("reference"):
-            plan = (
-                measure.time_reference(referee, task, settings) if task.mode.batches and job.get("solution") else None
-            )
         if not job.get("solution"):  # a probe of the task alone
             facts.degenerate = probe(referee, task, settings)
             return facts
@@ -95,7 +91,7 @@ def evaluate(referee: Referee, job: dict) -> Report:
                 passed = run_trials(bout, stages.into)
             if passed:
                 with stages("timing"):
-                    measure.time_candidate(bout, plan)
+                    measure.time_candidate(bout)
                 facts.floor_ms, facts.ref_hotspots = task.floor_ms, task.hotspots
     except ReferenceFailed as err:
         facts.reference_error = str(err)

@@ -4,10 +4,11 @@ The rules are in concur.verify.timing; this module does the measuring."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from concur.verify import comparisons, exchange, modes, procs, timing
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 # Output elements checked per tensor leaf of a timed batch, spread over all of its calls (at least SAMPLES_MIN each):
 # a call left undone fails at any of its positions, and the referee keeps positions and values of every batch
 SAMPLES_PER_BATCH, SAMPLES_MIN = 4096, 64
+DRAIN_LIMIT_S = 60.0  # the longest wait for the device to be free of what a stopped candidate left on it
 
 
 def samples_per_call(calls: int) -> int:
@@ -93,38 +95,79 @@ EXPECTED_BACKEND = {
 }
 
 
-def time_reference(referee: Referee, task: TaskState, settings) -> dict:
-    """Warm up, then timed batches of fresh secret inputs until the reference has run `timing_min_s`; keeps each
-    batch's seeds, forward and hand-off times, where every call's outputs are checked (`samplers`) and what the
-    reference's held there (`samples`)."""
-    calls = task.calls
-    plan = {"calls": calls, "batches": [], "samples": [], "samplers": [], "drawn": [], "own_clock": []}
-    plan.update({key: [] for key in ("forward", "stage", "handoff", "prepare")})
+@dataclass
+class Plan:
+    """The reference's timed batches, grown one at a time as the candidate replays each right after it: per batch
+    its seeds, what its calls drew and how each is checked (`drawn`), where its outputs are read (`samplers`) and
+    what the reference's held there (`samples`), the referee's clock readings (ms: `forward`, the writing of the
+    inputs `stage`, the `handoff`, `prepare`) and the reference's own (`own_clock`: benchmarks). `planned`: how
+    many batches run (timing.planned_batches, from the first)."""
+
+    calls: int
+    planned: int = 0
+    batches: list[list[int]] = field(default_factory=list)
+    samples: list = field(default_factory=list)
+    samplers: list = field(default_factory=list)
+    drawn: list = field(default_factory=list)
+    forward: list[float] = field(default_factory=list)
+    stage: list[float] = field(default_factory=list)
+    handoff: list[float] = field(default_factory=list)
+    prepare: list[float] = field(default_factory=list)
+    own_clock: list[dict] = field(default_factory=list)
+
+    def per_call(self, task: TaskState) -> list[float]:
+        return timing.per_call_times(self.forward, task.overhead_ms, self.calls)
+
+    def summary(self, task: TaskState) -> Times:
+        """The reference's timing summary over its batches so far, each with its copies' excess over their medians
+        (none for the reference itself but what its own drift adds: timing.charged)."""
+        per_call, copies = self.per_call(task), [self.stage, self.handoff]
+        charged_ms = timing.charged(per_call, copies, copies, self.calls)
+        return timing.summary(per_call, charged_ms, self.calls, timing.resolvable_ms(task.jitter_ms))
+
+
+def start_reference(referee: Referee, task: TaskState, settings) -> Plan:
+    """Warm the reference up and run its first timed batch, which plans how many run (`Plan.planned`); within the
+    referee's timing stretch (`quiet`), after signed_ok."""
+    plan = Plan(task.calls)
     ask = lambda m, s, t=600.0, spin=False: ref_ask(task, m, s, t, spin)  # noqa: E731
+    with reference_side():
+        warm_up(referee, task, task.runner, task.calls, settings, ask)
+    reference_batch(referee, task, settings, plan)
+    plan.planned = timing.planned_batches(plan.per_call(task)[0] * plan.calls, float(settings["timing_min_s"]))
+    return plan
+
+
+def reference_batch(referee: Referee, task: TaskState, settings, plan: Plan) -> None:
+    """One more timed batch of the reference on fresh secret inputs, every call's outputs sampled for the
+    candidate's replay of it (`Sampler`), kept in `plan`. Whatever fails is the task's failure (ReferenceFailed)."""
+    calls = plan.calls
+    ask = lambda m, s, t=600.0, spin=False: ref_ask(task, m, s, t, spin)  # noqa: E731
+    seeds, kinds = [secrets.randbits(62) for _ in range(calls)], draw_kinds(calls, settings, task)
+    with reference_side():
+        sampler = Sampler(referee, task.meta, positions(referee, task.meta, calls), calls)
+        batch = timed_batch(referee, task, task.runner, seeds, ask, gather=sampler.read, kinds=kinds)
+        if batch["outputs"] is None:  # its outputs changed kind, dtype or shape between calls
+            raise CallFailed("the reference's outputs are not laid out as in its first call")
+    read = sampler.split(batch["gathered"])
+    plan.samples.append([kept_sample(got, out) for got, out in zip(read, batch["outputs"])])
+    plan.drawn.append([drawn(kind, out) for kind, out in zip(kinds, batch["outputs"])])
+    plan.samplers.append(sampler)
+    plan.batches.append(seeds)
+    plan.forward.append(batch["forward_ms"])
+    plan.stage.append(batch["stage_ms"])
+    plan.handoff.append(batch["handoff_ms"])
+    plan.prepare.append(batch["prepare_ms"])
+    plan.own_clock.append(batch["own_clock"])
+
+
+def time_reference(referee: Referee, task: TaskState, settings) -> Plan:
+    """The reference's timed batches alone, all of them (a compiled baseline's timing: baselines.py)."""
     signed_ok(referee, task, settings)
-    with reference_side(), referee.quiet():
-        warm_up(referee, task, task.runner, calls, settings, ask)
-        while not timing.reference_done(
-            timing.per_call_times(plan["forward"], task.overhead_ms, calls),
-            calls,
-            float(settings["timing_min_s"]),
-        ):
-            seeds, kinds = [secrets.randbits(62) for _ in range(calls)], draw_kinds(calls, settings, task)
-            sampler = Sampler(referee, task.meta, positions(referee, task.meta, calls), calls)
-            batch = timed_batch(referee, task, task.runner, seeds, ask, gather=sampler.read, kinds=kinds)
-            if batch["outputs"] is None:  # its outputs changed kind, dtype or shape between calls
-                raise CallFailed("the reference's outputs are not laid out as in its first call")
-            read = sampler.split(batch["gathered"])
-            plan["samples"].append([kept_sample(got, out) for got, out in zip(read, batch["outputs"])])
-            plan["drawn"].append([drawn(kind, out) for kind, out in zip(kinds, batch["outputs"])])
-            plan["samplers"].append(sampler)
-            plan["batches"].append(seeds)
-            for key in ("forward", "stage", "handoff", "prepare"):
-                plan[key].append(batch[f"{key}_ms"])
-            plan["own_clock"].append(batch["own_clock"])
-    plan["per_call"] = timing.per_call_times(plan["forward"], task.overhead_ms, calls)
-    copies = [plan["stage"], plan["handoff"]]
-    plan["charged"] = timing.charged(plan["per_call"], copies, copies, calls)
+    with referee.quiet():
+        plan = start_reference(referee, task, settings)
+        while len(plan.batches) < plan.planned:
+            reference_batch(referee, task, settings, plan)
     return plan
 
 
@@ -278,126 +321,181 @@ def kept_sample(picked: list, outputs: list) -> list:
     return [value if got is None else got for got, value in zip(picked, outputs)]
 
 
-def reference_summary(task, plan: dict) -> Times:
-    """The reference's timing summary from its timed batches (time_reference's plan)."""
-    return timing.summary(plan["per_call"], plan["charged"], plan["calls"], timing.resolvable_ms(task.jitter_ms))
-
-
-def time_candidate(bout: Bout, plan: dict) -> None:
-    """The candidate replays the reference's timed batches (`plan`: time_reference), every call checked, then is
-    inspected (kernelbench mode: KernelBench's timing instead)."""
+def time_candidate(bout: Bout) -> None:
+    """The reference's timed batches and the candidate's replay of each, in turn (`replay`), then the candidate
+    inspected (kernelbench mode: KernelBench's timing instead). In turn, so that both sides are timed through the
+    same stretch of the machine: a microsecond call's time is its core's launches, and their pace moved by up to a
+    third within seconds on the machines measured. The reference's work does not spend the candidate's
+    `timeout_s`."""
     referee, task, candidate, job, facts = bout.referee, bout.task, bout.candidate, bout.job, bout.report
     settings = job["settings"]
     if not modes.of(settings).batches:
         return time_kernelbench(bout)
-    torch = referee.torch
-    calls = plan["calls"]
-    ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, bout.limit(t), spin=spin)  # noqa: E731
-    forward, stages, handoffs, prepares, cpu_s, own = [], [], [], [], [], []
-    billed: list[float] = []  # forward's batches per call, charged (charged below)
+    torch, calls = referee.torch, task.calls
     timed = Timed()
     resolve_ms = timing.resolvable_ms(task.jitter_ms)
-    reference = reference_summary(task, plan)
     steady = timing.per_call_times([1000.0 * s for s in facts.steady_call_s], task.overhead_ms, 1)
-    if referee.device == "cuda" and timing.slower_by_calls(steady, settings["timing_min_s"], reference.median_ms):
+    with candidate_stopped(bout):
+        signed_ok(referee, task, settings)
+    with referee.quiet():
+        with candidate_stopped(bout):
+            plan = start_reference(referee, task, settings)
+        median_ms = plan.summary(task).median_ms
+        settled = referee.device == "cuda" and timing.slower_by_calls(steady, settings["timing_min_s"], median_ms)
+        if settled:  # the reference's batches alone
+            with candidate_stopped(bout):
+                while len(plan.batches) < plan.planned:
+                    reference_batch(referee, task, settings, plan)
+        else:
+            ran = replay(bout, plan, timed)
+    reference = plan.summary(task)
+    if settled:
         timed.settled_by = "correctness calls"  # each checked whole, the pool stopped
         facts.timed = timed
         new = timing.summary(steady, calls=1, resolve_ms=resolve_ms)
         facts.timing = Timing(reference, new, calls_per_batch=1, settled_by="correctness calls")
         if job.get("trace"):
-            facts.trace["per_call_ms"] = {"ref": plan["per_call"], "new": steady}
+            facts.trace["per_call_ms"] = {"ref": plan.per_call(task), "new": steady}
         return inspect(bout)
-    # drawn in secret before any batch runs: the timed call checked whole (the last batch's, if timing stops
-    # first), and the batch before which one more call like them is profiled (after the last, if timing stops first)
-    whole_at, whole, last = (secrets.randbelow(len(plan["batches"])), secrets.randbelow(calls)), None, None
-    profile_at = secrets.randbelow(len(plan["batches"]))
-    with referee.quiet():
-        if not timing.warm_already(facts.call_s, float(settings["timing_min_s"])):
-            warm_up(referee, task, candidate, calls, settings, ask, bout.deadline)
-        batches = zip(plan["batches"], plan["samples"], plan["samplers"], plan["drawn"])
-        for number, (seeds, samples, sampler, draws) in enumerate(batches):
-            if number == profile_at:
-                timed.profiled = True
-                timed.mismatch = profile_timed(bout, timed)
-                if timed.mismatch or timed.unready:
-                    break
-            kinds = [d.kind for d in draws]
-            batch = timed_batch(referee, task, candidate, seeds, ask, bout.deadline, sampler.read, kinds)
-            outputs = batch["outputs"]
-            if outputs is None:
-                at, mismatch = comparisons.batch_structure(batch["metas"], task.meta, calls)
-                timed.mismatch = f"call {number * calls + at + 1}: {mismatch.failure()}"
-                break
-            if number == whole_at[0]:  # copied: later batches' hand-offs land in the same arena
-                whole = whole_call(torch, number, calls, whole_at[1], seeds, batch, copy=True)
-            last = (number, seeds, batch)
-            forward.append(batch["forward_ms"])
-            stages.append(batch["stage_ms"])
-            prepares.append(batch["prepare_ms"])
-            own.append(batch["own_clock"])
-            handoffs.append(batch["handoff_ms"])
-            cpu_s.append(batch["cpu_s"])
-            timed.calls += calls
-            timed.signed += sum(d.kind == "signed" for d in draws)
-            for i, (got, kept) in enumerate(zip(sampler.split(batch["gathered"]), samples)):
-                if not draws[i].checked:  # signed inputs on which the reference's outputs are not finite
-                    timed.unchecked += 1
-                    continue
-                failed = sample_mismatch(torch, got, outputs[i], kept, settings, draws[i].peaks)
-                if failed and not timed.mismatch:
-                    timed.mismatch = f"call {number * calls + i + 1}: {failed}"
-            timed.unready = timed.unready or comparisons.unready(batch["taken"], outputs, number * calls + 1)
-            for i in range(calls):
-                timed.mutated += [
-                    j
-                    for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i])
-                    if j not in timed.mutated
-                ]
-            billed = charged(forward, stages, handoffs, plan, task.overhead_ms)
-            if (
-                timed.mismatch
-                or timed.unready
-                or timing.candidate_done(billed, calls, float(settings["timing_min_s"]), reference.median_ms)
-            ):
-                break
-    if whole is None and last is not None:  # timing stopped before the drawn batch: the last one's outputs, in place
-        number, seeds, batch = last
-        whole = whole_call(torch, number, calls, whole_at[1], seeds, batch, copy=False)
-    if whole is not None and not timed.mismatch:
-        timed.mismatch = check_whole(bout, *whole)
-    if not timed.profiled and last is not None and not timed.mismatch:  # after the whole check: the last batch's
-        timed.profiled = True  # outputs are checked in place
+    if ran.whole is None and ran.last is not None:  # timing stopped before the drawn batch: the last one's, in place
+        number, seeds, batch = ran.last
+        ran.whole = whole_call(torch, number, calls, ran.whole_at[1], seeds, batch, copy=False)
+    if ran.whole is not None and not timed.mismatch:
+        timed.mismatch = check_whole(bout, *ran.whole)
+    if not timed.profiled and ran.last is not None and not timed.mismatch:  # after the whole check: the last
+        timed.profiled = True  # batch's outputs are checked in place
         timed.mismatch = profile_timed(bout, timed)
     facts.timed = timed
-    if forward:
-        per_call = timing.per_call_times(forward, task.overhead_ms, calls)
+    if ran.forward:
+        per_call = timing.per_call_times(ran.forward, task.overhead_ms, calls)
         facts.timing = Timing(
             reference,
-            timing.summary(per_call, billed, calls, resolve_ms),  # every batch that ran, as last charged
+            timing.summary(per_call, ran.billed, calls, resolve_ms),  # every batch that ran, as last charged
             calls_per_batch=calls,
             resolve_ms=resolve_ms,
-            deferred=timing.deferred(handoffs, plan["handoff"], forward),
+            deferred=timing.deferred(ran.handoff, plan.handoff, ran.forward),
             # over all batches' calls together (where the CPU clock is read in ticks, one short batch is too coarse)
-            cores=sum(cpu_s) / (sum(forward) / 1000.0),
-            cores_resolution=procs.cpu_resolution_s(candidate.pid) * 2 / (sum(forward) / 1000.0),
+            cores=sum(ran.cpu_s) / (sum(ran.forward) / 1000.0),
+            cores_resolution=procs.cpu_resolution_s(candidate.pid) * 2 / (sum(ran.forward) / 1000.0),
             cores_allowed=referee.threads,
         )
         if job.get("trace"):  # forward of every batch, the referee's clock readings, the processes' own
-            facts.trace["per_call_ms"] = {"ref": plan["per_call"], "new": per_call}
+            facts.trace["per_call_ms"] = {"ref": plan.per_call(task), "new": per_call}
             facts.trace["batch_ms"] = {
-                "ref": {key: plan[key] for key in ("forward", "stage", "handoff", "prepare")},
-                "new": {"forward": forward, "stage": stages, "handoff": handoffs, "prepare": prepares},
+                "ref": {key: getattr(plan, key) for key in ("forward", "stage", "handoff", "prepare")},
+                "new": {key: getattr(ran, key) for key in ("forward", "stage", "handoff", "prepare")},
                 "overhead": task.overhead_ms,
-                "own_clock": {"ref": plan["own_clock"], "new": own},
+                "own_clock": {"ref": plan.own_clock, "new": ran.own_clock},
             }
     inspect(bout)
 
 
-def charged(forward: list[float], stages: list[float], handoffs: list[float], plan: dict, overhead_ms: float):
+@dataclass
+class Replay:
+    """The candidate's replay of the reference's batches: per batch that ran, the referee's clock readings (ms; a
+    hand-off's with what the drain after it waited: candidate_stopped), its CPU seconds and own clock; every batch
+    per call as last charged (`billed`); the timed call to check whole, drawn in secret (`whole_at`: batch, call)
+    and kept (`whole`), and the last batch that ran (`last`)."""
+
+    whole_at: tuple[int, int]
+    forward: list[float] = field(default_factory=list)
+    stage: list[float] = field(default_factory=list)
+    handoff: list[float] = field(default_factory=list)
+    prepare: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
+    own_clock: list[dict] = field(default_factory=list)
+    billed: list[float] = field(default_factory=list)
+    whole: tuple | None = None
+    last: tuple | None = None
+
+
+def replay(bout: Bout, plan: Plan, timed: Timed) -> Replay:
+    """The planned batches in turn, from the reference's first (start_reference): the reference's next, then the
+    candidate's replay of it on the same inputs, every call's sampled outputs compared with the reference's, until
+    the candidate fails a check or is done (timing.candidate_done); what it found goes into `timed`. Within the
+    referee's timing stretch (`quiet`)."""
+    referee, task, candidate, settings = bout.referee, bout.task, bout.candidate, bout.settings
+    torch, calls, budget_s = referee.torch, plan.calls, float(settings["timing_min_s"])
+    ask = lambda m, s, t=600.0, spin=False: candidate.ask(m, s, bout.limit(t), spin=spin)  # noqa: E731
+    # drawn in secret before any of the candidate's batches: the timed call checked whole (the last batch's, if
+    # timing stops first), and the batch before which one more call like them is profiled (after the last, if
+    # timing stops first)
+    ran = Replay(whole_at=(secrets.randbelow(plan.planned), secrets.randbelow(calls)))
+    profile_at = secrets.randbelow(plan.planned)
+    if not timing.warm_already(bout.report.call_s, budget_s):
+        warm_up(referee, task, candidate, calls, settings, ask, bout.deadline)
+    for number in range(plan.planned):
+        if number == len(plan.batches):
+            with candidate_stopped(bout) as waited:
+                reference_batch(referee, task, settings, plan)
+            if ran.handoff:  # what the candidate left on the device ran past its last batch's hand-off
+                ran.handoff[-1] += sum(waited)
+        seeds, samples, sampler, draws = (
+            plan.batches[number], plan.samples[number], plan.samplers[number], plan.drawn[number]
+        )  # fmt: skip
+        if number == profile_at:
+            timed.profiled = True
+            timed.mismatch = profile_timed(bout, timed)
+            if timed.mismatch or timed.unready:
+                break
+        batch = timed_batch(referee, task, candidate, seeds, ask, bout.deadline, sampler.read, [d.kind for d in draws])
+        outputs = batch["outputs"]
+        if outputs is None:
+            at, mismatch = comparisons.batch_structure(batch["metas"], task.meta, calls)
+            timed.mismatch = f"call {number * calls + at + 1}: {mismatch.failure()}"
+            break
+        if number == ran.whole_at[0]:  # copied: later batches' hand-offs land in the same arena
+            ran.whole = whole_call(torch, number, calls, ran.whole_at[1], seeds, batch, copy=True)
+        ran.last = (number, seeds, batch)
+        for key in ("forward", "stage", "handoff", "prepare"):
+            getattr(ran, key).append(batch[f"{key}_ms"])
+        ran.cpu_s.append(batch["cpu_s"])
+        ran.own_clock.append(batch["own_clock"])
+        timed.calls += calls
+        timed.signed += sum(d.kind == "signed" for d in draws)
+        for i, (got, kept) in enumerate(zip(sampler.split(batch["gathered"]), samples)):
+            if not draws[i].checked:  # signed inputs on which the reference's outputs are not finite
+                timed.unchecked += 1
+                continue
+            failed = sample_mismatch(torch, got, outputs[i], kept, settings, draws[i].peaks)
+            if failed and not timed.mismatch:
+                timed.mismatch = f"call {number * calls + i + 1}: {failed}"
+        timed.unready = timed.unready or comparisons.unready(batch["taken"], outputs, number * calls + 1)
+        for i in range(calls):
+            timed.mutated += [
+                j for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i]) if j not in timed.mutated
+            ]
+        ran.billed = charged(ran.forward, ran.stage, ran.handoff, plan, task.overhead_ms)
+        median_ms = plan.summary(task).median_ms
+        if timed.mismatch or timed.unready or timing.candidate_done(ran.billed, calls, budget_s, median_ms):
+            break
+    return ran
+
+
+@contextlib.contextmanager
+def candidate_stopped(bout: Bout):
+    """Around the reference's work inside the candidate's job: the candidate's processes stopped (Referee.pause),
+    then the device drained of whatever it left running (Referee.drain), so that nothing of it runs beside the
+    reference; yields a list that gets the milliseconds the drain waited (the candidate's: replay charges them to
+    its last batch). The time of the reference's work is added to the candidate's deadline."""
+    referee = bout.referee
+    begin, waited = time.monotonic(), []
+    held = referee.pause(bout.candidate)
+    try:
+        try:
+            waited.append(referee.drain(bout.limit(DRAIN_LIMIT_S)))
+        except RuntimeError as err:
+            raise CallFailed(str(err)) from None
+        yield waited
+    finally:
+        referee.release(held)
+        bout.deadline += time.monotonic() - begin - sum(waited) / 1000.0
+
+
+def charged(forward: list[float], stages: list[float], handoffs: list[float], plan: Plan, overhead_ms: float):
     """The candidate's batches per call, each with its copies' excess over the reference's (timing.charged)."""
-    calls = plan["calls"]
-    per_call = timing.per_call_times(forward, overhead_ms, calls)
-    return timing.charged(per_call, [stages, handoffs], [plan["stage"], plan["handoff"]], calls)
+    per_call = timing.per_call_times(forward, overhead_ms, plan.calls)
+    return timing.charged(per_call, [stages, handoffs], [plan.stage, plan.handoff], plan.calls)
 
 
 def whole_call(torch, number: int, calls: int, i: int, seeds: list, batch: dict, copy: bool) -> tuple:

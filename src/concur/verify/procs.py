@@ -384,6 +384,21 @@ def stop_descendants(root: int, wait_s: float = 0.5) -> list[int]:
                 time.sleep(0.0001)
 
 
+def stop_tree(root: int, wait_s: float = 0.5) -> list[int]:
+    """SIGSTOP a process, wait until each of its threads has stopped, then its descendants (stop_descendants);
+    the pids stopped, to resume (nothing where it is gone or was stopped already)."""
+    if all_stopped(root):
+        return stop_descendants(root, wait_s)
+    try:
+        os.kill(root, signal.SIGSTOP)
+    except ProcessLookupError:
+        return []
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end and not all_stopped(root):
+        time.sleep(0.0001)
+    return [root, *stop_descendants(root, wait_s)]
+
+
 def tree(root: int) -> list[int]:
     """Every descendant of a process."""
     found, queue_ = [], descendants(root)

@@ -30,6 +30,9 @@ from concur.verify.report import Failure, Report
 from concur.verify.runner import Runner
 
 SPIN_S = 0.2  # timed replies are awaited without sleeping, on cores of the referee's own (procs.Channel.recv)
+# drain: a probe on a clean device answered in 13-84 us (H200), one behind another context's kernels in 0.9-2.4 ms
+PROBES, PROBE_FACTOR, PROBE_FLOOR_MS = 21, 10.0, 0.2  # the clean bar: 10x the clean median, at least 0.2 ms
+DRAIN_CLEAN = 3  # probes in a row within it: a device free of another context's work
 
 
 def split_cores(cpus: list[int] | None, threads: int) -> tuple[list[int], list[int]]:
@@ -125,6 +128,8 @@ class Referee:
         self.timing = 0  # `quiet` stretches entered and not left
         self.serial = 0
         self.task = None
+        self.probe_cell = torch.zeros(1, device="cuda") if self.device == "cuda" else None
+        self.clean_probe_ms: float | None = None  # drain's bar (calibrate_drain)
         self.positions = torch.Generator(device="cuda" if self.device == "cuda" else "cpu")
         self.positions.manual_seed(secrets.randbits(63))
         self.refill()
@@ -340,6 +345,50 @@ class Referee:
 
     def release(self, held: list[int]) -> None:
         procs.resume_all(held)
+
+    def pause(self, runner: Runner) -> list[int]:
+        """A judged candidate's processes stopped while the reference is timed beside it, its children and orphans
+        too (procs.stop_tree): nothing of it runs on the cores, and it launches nothing; the pids to `release`."""
+        return procs.stop_tree(runner.pid) if runner.pid else []
+
+    def calibrate_drain(self) -> None:
+        """Once, with nothing else on the device (at a task's setup, the pool stopped): the round trip of a probe
+        on a clean device, which sets `drain`'s bar."""
+        if self.device != "cuda" or self.clean_probe_ms is not None:
+            return
+        self.probe()
+        times = sorted(self.probe() for _ in range(PROBES))
+        self.clean_probe_ms = max(PROBE_FACTOR * times[len(times) // 2], PROBE_FLOOR_MS)
+
+    def probe(self) -> float:
+        """Milliseconds for a one-element kernel of this process to run and be waited for."""
+        begin = time.perf_counter()
+        self.probe_cell.add_(1)
+        self.torch.cuda.synchronize()
+        return 1000.0 * (time.perf_counter() - begin)
+
+    def drain(self, limit_s: float) -> float:
+        """On a GPU, with the candidate stopped (`pause`): wait until the device runs this process's work at once,
+        DRAIN_CLEAN probes in a row each answered within the clean bar (calibrate_drain). The GPU runs one context's
+        kernels at a time and switches between contexts with work every timeslice (2.4 ms on the H200 measured), so
+        a probe waits while another context's kernels run or are queued: whatever a stopped candidate left on the
+        device, which would otherwise run beside the reference's next batch. Returns the milliseconds waited before
+        the clean probes (0 on a clean device, and on the CPU, where the stopped processes are all there is).
+        Raises RuntimeError past `limit_s`."""
+        if self.device != "cuda" or self.clean_probe_ms is None:
+            return 0.0
+        begin = time.perf_counter()
+        clean = 0.0
+        run = 0
+        while run < DRAIN_CLEAN:
+            took = self.probe()
+            run, clean = (run + 1, clean + took) if took <= self.clean_probe_ms else (0, 0.0)
+            if run < DRAIN_CLEAN and time.perf_counter() - begin > limit_s:
+                raise RuntimeError(
+                    f"the device was still running other work {limit_s:.0f} s after the candidate was stopped (work "
+                    "it left on the device, or another process on this GPU)"
+                )
+        return max(0.0, 1000.0 * (time.perf_counter() - begin) - clean)
 
     def sync(self) -> None:
         if self.device == "cuda":

@@ -185,6 +185,7 @@ def setup_reference(referee: Referee, task: TaskState, settings: dict) -> None:
     task.stochastic = stochastic(referee, task, specs[0])
     with referee.quiet():  # subtracted from every timed batch of the task
         task.overhead_ms, task.jitter_ms = overhead_ms(referee, task)
+        referee.calibrate_drain()
     task.call_ms = sorted(samples)[1] - task.overhead_ms  # at or below 0 for calls quicker than the round trip
     task.input_bytes = sum(exchange.nbytes(s) for s in specs[0])
     task.output_bytes = sum(exchange.nbytes(s) for s in exchange.output_layout(task.meta, 0))

@@ -1,20 +1,23 @@
 """How the referee times both models (hardened mode): pure functions, so the rules can be tested without a GPU.
 
 A timed batch is B calls of forward, each on inputs drawn fresh for it, run back to back by the contestant and ended
-by a device-wide synchronisation. The contestant makes its views of the input arena first; then the referee's clock
-starts, the inputs are written into the arena and the caches flushed, the batch is rung (concur.verify.doorbell),
-and the clock stops when the contestant rings back. Nothing a candidate could compute on is in its reach before that
-clock starts. The writing is taken off again, and whatever a batch's writing takes beyond the reference's median
-(and COPY_SLACK of it) is added to that batch: the candidate's kernels time-share the GPU with the referee's, so
-work that ran while its inputs landed lengthened the writing. B grows until a batch lasts TARGET_BATCH_MS, so
-the message round trip (measured on the reference's process and subtracted from both) is a small share of it. The
-outputs then move to the referee in a separate hand-off, rung at once and timed until the referee has read its
-sample: work a candidate defers past its reply shows up there, and is added to its batch the same way, so work
-shifted between a batch's forward and its copies is counted whole in that batch. Every call's outputs are checked
-(concur.verify.measure). The reference is timed first, before the candidate's code is loaded, until it has run
-`timing_min_s` (at least MIN_BATCHES batches); the candidate then replays the same batches, stopping early once it
-is clearly slower than eager, or not replaying them at all where its long correctness calls already show that
-(slower_by_calls). Speedup: the ratio of the two sides' quickest batches, per call (summary).
+when the caller's stream is done (hardened; else the whole device). The contestant makes its views of the input arena
+first; then the referee's clock starts, the inputs are written into the arena and the caches flushed, the batch is rung
+(concur.verify.doorbell), and the clock stops when the contestant rings back. Nothing a candidate could compute on is in
+its reach before that clock starts. The writing is taken off again, and whatever a batch's writing takes beyond the
+reference's median (and COPY_SLACK of it) is added to that batch: the candidate's kernels time-share the GPU with the
+referee's, so work that ran while its inputs landed lengthened the writing. B grows until a batch lasts TARGET_BATCH_MS,
+so the message round trip (measured on the reference's process and subtracted from both) is a small share of it. The
+outputs then move to the referee in a separate hand-off, rung at once and timed until the referee has read its sample:
+work a candidate defers past its reply shows up there, and is added to its batch the same way, so work shifted between a
+batch's forward and its copies is counted whole in that batch. Every call's outputs are checked (concur.verify.measure).
+The two sides take turns, after the candidate's correctness trials: a batch of the reference, then the candidate's
+replay of it on the same inputs, so both are timed through the same stretch of the machine's pace; while the reference
+runs, the candidate's processes are stopped and the device drained of what it left running (measure.candidate_stopped:
+the wait is charged to its batch). The reference's first batch plans how many run (planned_batches: until `timing_min_s`
+is spent, at least MIN_BATCHES); the candidate stops early once it has spent that budget itself or is clearly slower
+than eager, and runs none where its long correctness calls already show that (slower_by_calls). Speedup: the ratio of
+the two sides' quickest batches, per call (summary).
 
 Resolution. Nothing is floored: a batch's time is what the clock read less the round trip. The round trip varies
 from batch to batch (its jitter, measured on the reference's empty batches); B grows until a batch lasts at least
@@ -106,13 +109,24 @@ def charged(per_call: list[float], copies: list[list[float]], reference_copies: 
     ]
 
 
-def reference_done(per_call: list[float], calls: int, budget_s: float) -> bool:
+def budget_spent(per_call: list[float], calls: int, budget_s: float) -> bool:
     """Timed long enough: MIN_BATCHES batches and `budget_s` of forward time, or, for batches that each take a
     good share of the budget, SLOWER_MIN_BATCHES of them and as long as MIN_BATCHES batches of the budget."""
     spent_ms, n = sum(per_call) * calls, len(per_call)
     if n >= MAX_BATCHES or (n >= MIN_BATCHES and spent_ms >= 1000.0 * budget_s):
         return True
     return n >= SLOWER_MIN_BATCHES and spent_ms >= 1000.0 * budget_s * MIN_BATCHES
+
+
+def planned_batches(batch_ms: float, budget_s: float) -> int:
+    """Timed batches a side runs, planned from its first batch's net time as budget_spent would stop batches of
+    that time: MIN_BATCHES and `budget_s` of forward time, or for batches that each take a good share of the budget,
+    SLOWER_MIN_BATCHES and as long as MIN_BATCHES batches of the budget; within MAX_BATCHES. Planned ahead, so that
+    the candidate's checked call and profiled call are drawn among all of its batches before the first."""
+    budget_ms = 1000.0 * budget_s
+    usual = max(MIN_BATCHES, math.ceil(budget_ms / max(batch_ms, 1e-9)))
+    long = max(SLOWER_MIN_BATCHES, math.ceil(MIN_BATCHES * budget_ms / max(batch_ms, 1e-9)))
+    return int(min(MAX_BATCHES, usual, long))
 
 
 def candidate_done(per_call: list[float], calls: int, budget_s: float, reference_median_ms: float) -> bool:
@@ -122,7 +136,7 @@ def candidate_done(per_call: list[float], calls: int, budget_s: float, reference
     settled = len(per_call) >= SLOWER_MIN_BATCHES or sum(per_call) * calls >= 1000.0 * budget_s
     if settled and statistics.median(per_call) > SLOWER_STOP * reference_median_ms:
         return True
-    return reference_done(per_call, calls, budget_s)
+    return budget_spent(per_call, calls, budget_s)
 
 
 def long_call(seconds: float, budget_s: float) -> bool:
