@@ -164,7 +164,7 @@ def reference_batch(referee: Referee, task: TaskState, settings, plan: Plan) -> 
 def time_reference(referee: Referee, task: TaskState, settings) -> Plan:
     """The reference's timed batches alone, all of them (a compiled baseline's timing: baselines.py)."""
     signed_ok(referee, task, settings)
-    with referee.quiet():
+    with referee.quiet(), referee.alone(task.runner, DRAIN_LIMIT_S), reference_side():
         plan = start_reference(referee, task, settings)
         while len(plan.batches) < plan.planned:
             reference_batch(referee, task, settings, plan)
@@ -335,15 +335,15 @@ def time_candidate(bout: Bout) -> None:
     timed = Timed()
     resolve_ms = timing.resolvable_ms(task.jitter_ms)
     steady = timing.per_call_times([1000.0 * s for s in facts.steady_call_s], task.overhead_ms, 1)
-    with candidate_stopped(bout):
+    with alone(bout, task.runner):
         signed_ok(referee, task, settings)
     with referee.quiet():
-        with candidate_stopped(bout):
+        with alone(bout, task.runner):
             plan = start_reference(referee, task, settings)
         median_ms = plan.summary(task).median_ms
         settled = referee.device == "cuda" and timing.slower_by_calls(steady, settings["timing_min_s"], median_ms)
         if settled:  # the reference's batches alone
-            with candidate_stopped(bout):
+            with alone(bout, task.runner):
                 while len(plan.batches) < plan.planned:
                     reference_batch(referee, task, settings, plan)
         else:
@@ -393,7 +393,7 @@ def time_candidate(bout: Bout) -> None:
 @dataclass
 class Replay:
     """The candidate's replay of the reference's batches: per batch that ran, the referee's clock readings (ms; a
-    hand-off's with what the drain after it waited: candidate_stopped), its CPU seconds and own clock; every batch
+    hand-off's with what the drain after it waited: `alone`), its CPU seconds and own clock; every batch
     per call as last charged (`billed`); the timed call to check whole, drawn in secret (`whole_at`: batch, call)
     and kept (`whole`), and the last batch that ran (`last`)."""
 
@@ -423,10 +423,11 @@ def replay(bout: Bout, plan: Plan, timed: Timed) -> Replay:
     ran = Replay(whole_at=(secrets.randbelow(plan.planned), secrets.randbelow(calls)))
     profile_at = secrets.randbelow(plan.planned)
     if not timing.warm_already(bout.report.call_s, budget_s):
-        warm_up(referee, task, candidate, calls, settings, ask, bout.deadline)
+        with alone(bout, candidate):
+            warm_up(referee, task, candidate, calls, settings, ask, bout.deadline)
     for number in range(plan.planned):
         if number == len(plan.batches):
-            with candidate_stopped(bout) as waited:
+            with alone(bout, task.runner) as waited:
                 reference_batch(referee, task, settings, plan)
             if ran.handoff:  # what the candidate left on the device ran past its last batch's hand-off
                 ran.handoff[-1] += sum(waited)
@@ -438,7 +439,10 @@ def replay(bout: Bout, plan: Plan, timed: Timed) -> Replay:
             timed.mismatch = profile_timed(bout, timed)
             if timed.mismatch or timed.unready:
                 break
-        batch = timed_batch(referee, task, candidate, seeds, ask, bout.deadline, sampler.read, [d.kind for d in draws])
+        with alone(bout, candidate):
+            batch = timed_batch(
+                referee, task, candidate, seeds, ask, bout.deadline, sampler.read, [d.kind for d in draws]
+            )
         outputs = batch["outputs"]
         if outputs is None:
             at, mismatch = comparisons.batch_structure(batch["metas"], task.meta, calls)
@@ -473,23 +477,17 @@ def replay(bout: Bout, plan: Plan, timed: Timed) -> Replay:
 
 
 @contextlib.contextmanager
-def candidate_stopped(bout: Bout):
-    """Around the reference's work inside the candidate's job: the candidate's processes stopped (Referee.pause),
-    then the device drained of whatever it left running (Referee.drain), so that nothing of it runs beside the
-    reference; yields a list that gets the milliseconds the drain waited (the candidate's: replay charges them to
-    its last batch). The time of the reference's work is added to the candidate's deadline."""
-    referee = bout.referee
-    begin, waited = time.monotonic(), []
-    held = referee.pause(bout.candidate)
+def alone(bout: Bout, runner):
+    """One side of the candidate's job timed alone (Referee.alone: the other stopped, the device drained of what it
+    left); yields a list holding the milliseconds the drain waited (the candidate's, after its batch: replay
+    charges them to it). The reference's turns are added to the candidate's deadline, less that wait."""
+    begin, waited = time.monotonic(), [0.0]
     try:
-        try:
-            waited.append(referee.drain(bout.limit(DRAIN_LIMIT_S)))
-        except RuntimeError as err:
-            raise CallFailed(str(err)) from None
-        yield waited
+        with bout.referee.alone(runner, bout.limit(DRAIN_LIMIT_S)) as waited:
+            yield waited
     finally:
-        referee.release(held)
-        bout.deadline += time.monotonic() - begin - sum(waited) / 1000.0
+        if runner is bout.task.runner:
+            bout.deadline += time.monotonic() - begin - sum(waited) / 1000.0
 
 
 def charged(forward: list[float], stages: list[float], handoffs: list[float], plan: Plan, overhead_ms: float):

@@ -35,6 +35,10 @@ PROBES, PROBE_FACTOR, PROBE_FLOOR_MS = 21, 10.0, 0.2  # the clean bar: 10x the c
 DRAIN_CLEAN = 3  # probes in a row within it: a device free of another context's work
 
 
+class DeviceBusy(CallFailed):
+    """The device still ran other work long after every other side was stopped (Referee.drain)."""
+
+
 def split_cores(cpus: list[int] | None, threads: int) -> tuple[list[int], list[int]]:
     """(active, spare): the cores for this referee and the contestant it times, and the cores on which the next
     contestants start (CUDA and CUPTI start-up takes seconds of CPU). Nothing is split on fewer than 4 cores."""
@@ -346,10 +350,18 @@ class Referee:
     def release(self, held: list[int]) -> None:
         procs.resume_all(held)
 
-    def pause(self, runner: Runner) -> list[int]:
-        """A judged candidate's processes stopped while the reference is timed beside it, its children and orphans
-        too (procs.stop_tree): nothing of it runs on the cores, and it launches nothing; the pids to `release`."""
-        return procs.stop_tree(runner.pid) if runner.pid else []
+    @contextlib.contextmanager
+    def alone(self, runner: Runner, limit_s: float):
+        """While one judged side is timed (`runner`): every other judged side's processes stopped, their children
+        and orphans too (procs.stop_tree), so nothing of them runs on a core or launches (an idle side's harness,
+        waiting for its next command, spins on the launch core); then the device drained of what they left running
+        (`drain`). Yields a list holding the milliseconds the drain waited."""
+        others = [other for other in self.judged if other is not runner and other.pid]
+        held = [pid for other in others for pid in procs.stop_tree(other.pid)]
+        try:
+            yield [self.drain(limit_s)]
+        finally:
+            self.release(held)
 
     def calibrate_drain(self) -> None:
         """Once, with nothing else on the device (at a task's setup, the pool stopped): the round trip of a probe
@@ -368,13 +380,13 @@ class Referee:
         return 1000.0 * (time.perf_counter() - begin)
 
     def drain(self, limit_s: float) -> float:
-        """On a GPU, with the candidate stopped (`pause`): wait until the device runs this process's work at once,
+        """On a GPU, with the other sides stopped (`alone`): wait until the device runs this process's work at once,
         DRAIN_CLEAN probes in a row each answered within the clean bar (calibrate_drain). The GPU runs one context's
         kernels at a time and switches between contexts with work every timeslice (2.4 ms on the H200 measured), so
         a probe waits while another context's kernels run or are queued: whatever a stopped candidate left on the
         device, which would otherwise run beside the reference's next batch. Returns the milliseconds waited before
         the clean probes (0 on a clean device, and on the CPU, where the stopped processes are all there is).
-        Raises RuntimeError past `limit_s`."""
+        Raises DeviceBusy past `limit_s`."""
         if self.device != "cuda" or self.clean_probe_ms is None:
             return 0.0
         begin = time.perf_counter()
@@ -384,7 +396,7 @@ class Referee:
             took = self.probe()
             run, clean = (run + 1, clean + took) if took <= self.clean_probe_ms else (0, 0.0)
             if run < DRAIN_CLEAN and time.perf_counter() - begin > limit_s:
-                raise RuntimeError(
+                raise DeviceBusy(
                     f"the device was still running other work {limit_s:.0f} s after the candidate was stopped (work "
                     "it left on the device, or another process on this GPU)"
                 )

@@ -12,12 +12,12 @@ outputs then move to the referee in a separate hand-off, rung at once and timed 
 work a candidate defers past its reply shows up there, and is added to its batch the same way, so work shifted between a
 batch's forward and its copies is counted whole in that batch. Every call's outputs are checked (concur.verify.measure).
 The two sides take turns, after the candidate's correctness trials: a batch of the reference, then the candidate's
-replay of it on the same inputs, so both are timed through the same stretch of the machine's pace; while the reference
-runs, the candidate's processes are stopped and the device drained of what it left running (measure.candidate_stopped:
-the wait is charged to its batch). The reference's first batch plans how many run (planned_batches: until `timing_min_s`
-is spent, at least MIN_BATCHES); the candidate stops early once it has spent that budget itself or is clearly slower
-than eager, and runs none where its long correctness calls already show that (slower_by_calls). Speedup: the ratio of
-the two sides' quickest batches, per call (summary).
+replay of it on the same inputs, so both are timed through the same stretch of the machine's pace; while one side runs,
+the other's processes are stopped and the device is drained of what they left running (Referee.alone; a wait after the
+candidate's batch is charged to that batch). The reference's first batch plans how many run (planned_batches: until
+`timing_min_s` is spent, at least MIN_BATCHES); the candidate stops early once it has spent that budget itself or is
+clearly slower than eager, and runs none where its long correctness calls already show that (slower_by_calls). Speedup:
+the ratio of the two sides' quickest batches, per call (summary).
 
 Resolution. Nothing is floored: a batch's time is what the clock read less the round trip. The round trip varies
 from batch to batch (its jitter, measured on the reference's empty batches); B grows until a batch lasts at least
