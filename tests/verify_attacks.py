@@ -71,18 +71,28 @@ class ModelNew(nn.Module):
 {body}
 """
 
-# module-level code: whether this call is the last of its batch, read from the harness's frames
-LAST_OF_BATCH = """
-_frame = getattr(__import__("sys"), "_get" + "frame")
-def _last_of_batch():
-    frame = _frame(1)
+# module-level code: the harness running this call and the batch it holds, read from the harness's frames
+HARNESS_OF_CALL = """
+_get = getattr(__import__("sys"), "_get" + "frame")
+def _harness():
+    frame = _get(2)
     while frame is not None:
         held, harness = frame.f_locals.get("prepared"), frame.f_locals.get("self")
         if isinstance(held, list) and hasattr(harness, "pending"):
-            return len(harness.pending) == len(held) - 1
+            return harness, held
         frame = frame.f_back
-    return True
+    return None, None
 """
+
+# module-level code: whether this call is the last of its batch, read from the harness's frames
+LAST_OF_BATCH = (
+    HARNESS_OF_CALL
+    + """
+def _last_of_batch():
+    harness, held = _harness()
+    return harness is None or len(harness.pending) == len(held) - 1
+"""
+)
 
 # name -> (module-level code, forward body); forward bodies are indented by solution()
 VARIANTS = {
@@ -368,17 +378,10 @@ _got = _snoop()
     # keeps every core it may use busy from the hand-off of each batch until its next batch is prepared: while the
     # reference is timed, where the two take turns and nothing stops it; honest otherwise
     "slows_the_reference": (
-        """
-_thread, _get = __import__("_th" + "read"), getattr(__import__("sys"), "_get" + "frame")
+        HARNESS_OF_CALL
+        + """
+_thread = __import__("_th" + "read")
 _burning = []
-def _harness():
-    frame = _get(2)
-    while frame is not None:
-        held, harness = frame.f_locals.get("prepared"), frame.f_locals.get("self")
-        if isinstance(held, list) and hasattr(harness, "pending"):
-            return harness, held
-        frame = frame.f_back
-    return None, None
 def _burn(harness):
     import time
     end, square = time.perf_counter() + 1.0, torch.randn(384, 384)

@@ -8,7 +8,7 @@ the full program (ModelNew + load_inline) for that variant.
 
 from pathlib import Path
 
-from verify_attacks import LAST_OF_BATCH
+from verify_attacks import HARNESS_OF_CALL, LAST_OF_BATCH
 
 TASK_DIR = Path(__file__).parent / "fixtures" / "verify_cuda"
 
@@ -299,17 +299,11 @@ ext = type("Rotating", (), {"relu_add": staticmethod(_rotating)})
 )
 # after each batch's hand-off, about 30 ms of one thread spinning on a stream of its own, beside the reference's next
 # batch where the two take turns (the device runs one context at a time, so the reference's batch waits)
-SLOWS_THE_REFERENCE = """
-_thread, _get = __import__("_th" + "read"), getattr(__import__("sys"), "_get" + "frame")
+SLOWS_THE_REFERENCE = (
+    HARNESS_OF_CALL
+    + """
+_thread = __import__("_th" + "read")
 _busy = []
-def _harness():
-    frame = _get(2)
-    while frame is not None:
-        held, harness = frame.f_locals.get("prepared"), frame.f_locals.get("self")
-        if isinstance(held, list) and hasattr(harness, "pending"):
-            return harness, held
-        frame = frame.f_back
-    return None, None
 def _after_handoff(harness):
     import time
     end = time.perf_counter() + 1.0
@@ -328,6 +322,7 @@ def _slowing(x, y, scale):
     return _launch(x, y, scale)
 ext = type("Slowing", (), {"relu_add": staticmethod(_slowing)})
 """
+)
 EXTRAS = {
     "slows_the_reference": SLOWS_THE_REFERENCE,
     "tamper": TAMPER,

@@ -1,11 +1,11 @@
-"""One job on the referee: set up the task's reference, time it, then load, check and time the candidate.
+"""One job on the referee: set up the task's reference, then load, check and time the candidate beside it.
 
-Hardened: the reference is timed on batches of secret inputs before the candidate's module is loaded; the
-candidate then runs the correctness trials (reference and candidate on the same fresh inputs, trial by trial, the
-reference's outputs kept privately), replays the reference's timed batches (a sample of every timed output checked
-against the reference's), and is profiled. kernelbench: KernelBench's trials and KernelBench's in-process timing
-(the reference's once per task, before any candidate runs). The report it returns (concur.verify.report) is judged
-by concur.verify.verdict.
+Hardened: the candidate runs the correctness trials (reference and candidate on the same fresh inputs, trial by trial,
+the reference's outputs kept privately); then the two take turns, a timed batch of the reference on secret inputs, then
+the candidate's replay of it (a sample of every timed output checked against the reference's), each with the other
+stopped; then the candidate is profiled. kernelbench: KernelBench's trials and KernelBench's in-process timing (the
+reference's once per task, before any candidate runs). The report it returns (concur.verify.report) is judged by
+concur.verify.verdict.
 """
 
 from __future__ import annotations

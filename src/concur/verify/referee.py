@@ -1,14 +1,14 @@
 """The referee: the trusted process that judges candidates on one device (one GPU, or the CPU).
 
-`python -m concur.verify.referee <fd>` takes jobs from the orchestrator over its socket and answers each with a
-report of what it measured (concur.verify.report; concur.verify.verdict decides). Per job it never runs a line of the
+`python -m concur.verify.referee <fd>` takes jobs from the orchestrator over its socket and answers each with a report
+of what it measured (concur.verify.report; concur.verify.verdict decides). Per job it never runs a line of the
 candidate's code itself: the reference and the candidate each run in a contestant process (concur.verify.contestant)
 forked from its zygote, sandboxed, on views of arenas it owns. It draws every input itself (on the device, from seeds
-only it knows in hardened mode), keeps the reference's outputs and its private copy of the inputs, compares, and
-times both models with its own clock (concur.verify.timing). The reference is timed before the candidate's module is
-even loaded; a candidate process is killed as its job ends, and gone, with every process it started, before another
-contestant is taken or anything is timed: a leftover that cannot be killed fails the job instead (`settle`), and so
-does a scheduling change to the judging processes that cannot be undone (`guard`).
+only it knows in hardened mode), keeps the reference's outputs and its private copy of the inputs, compares, and times
+both models with its own clock (concur.verify.timing), each side alone, the other stopped (`alone`); a candidate process
+is killed as its job ends, and gone, with every process it started, before another contestant is taken or anything is
+timed: a leftover that cannot be killed fails the job instead (`settle`), and so does a scheduling change to the judging
+processes that cannot be undone (`guard`).
 """
 
 from __future__ import annotations
