@@ -480,14 +480,15 @@ def replay(bout: Bout, plan: Plan, timed: Timed) -> Replay:
 def alone(bout: Bout, runner):
     """One side of the candidate's job timed alone (Referee.alone: the other stopped, the device drained of what it
     left); yields a list holding the milliseconds the drain waited (the candidate's, after its batch: replay
-    charges them to it). The reference's turns are added to the candidate's deadline, less that wait."""
-    begin, waited = time.monotonic(), [0.0]
-    try:
-        with bout.referee.alone(runner, bout.limit(DRAIN_LIMIT_S)) as waited:
+    charges them to it). The reference's own work is added to the candidate's deadline; stopping the candidate and
+    the drain are not (a candidate slow to stop spends its own budget)."""
+    with bout.referee.alone(runner, bout.limit(DRAIN_LIMIT_S)) as waited:
+        begin = time.monotonic()
+        try:
             yield waited
-    finally:
-        if runner is bout.task.runner:
-            bout.deadline += time.monotonic() - begin - sum(waited) / 1000.0
+        finally:
+            if runner is bout.task.runner:
+                bout.deadline += time.monotonic() - begin
 
 
 def charged(forward: list[float], stages: list[float], handoffs: list[float], plan: Plan, overhead_ms: float):
