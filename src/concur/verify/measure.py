@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 # a call left undone fails at any of its positions, and the referee keeps positions and values of every batch
 SAMPLES_PER_BATCH, SAMPLES_MIN = 4096, 64
 DRAIN_LIMIT_S = 60.0  # the longest wait for the device to be free of what a stopped candidate left on it
+CLOCKED = ("forward", "stage", "handoff", "prepare")  # a timed batch's readings on the referee's clock (ms)
 
 
 def samples_per_call(calls: int) -> int:
@@ -154,10 +155,8 @@ def reference_batch(referee: Referee, task: TaskState, settings, plan: Plan) -> 
     plan.drawn.append([drawn(kind, out) for kind, out in zip(kinds, batch["outputs"])])
     plan.samplers.append(sampler)
     plan.batches.append(seeds)
-    plan.forward.append(batch["forward_ms"])
-    plan.stage.append(batch["stage_ms"])
-    plan.handoff.append(batch["handoff_ms"])
-    plan.prepare.append(batch["prepare_ms"])
+    for key in CLOCKED:
+        getattr(plan, key).append(batch[f"{key}_ms"])
     plan.own_clock.append(batch["own_clock"])
 
 
@@ -382,8 +381,8 @@ def time_candidate(bout: Bout) -> None:
         if job.get("trace"):  # forward of every batch, the referee's clock readings, the processes' own
             facts.trace["per_call_ms"] = {"ref": plan.per_call(task), "new": per_call}
             facts.trace["batch_ms"] = {
-                "ref": {key: getattr(plan, key) for key in ("forward", "stage", "handoff", "prepare")},
-                "new": {key: getattr(ran, key) for key in ("forward", "stage", "handoff", "prepare")},
+                "ref": {key: getattr(plan, key) for key in CLOCKED},
+                "new": {key: getattr(ran, key) for key in CLOCKED},
                 "overhead": task.overhead_ms,
                 "own_clock": {"ref": plan.own_clock, "new": ran.own_clock},
             }
@@ -451,7 +450,7 @@ def replay(bout: Bout, plan: Plan, timed: Timed) -> Replay:
         if number == ran.whole_at[0]:  # copied: later batches' hand-offs land in the same arena
             ran.whole = whole_call(torch, number, calls, ran.whole_at[1], seeds, batch, copy=True)
         ran.last = (number, seeds, batch)
-        for key in ("forward", "stage", "handoff", "prepare"):
+        for key in CLOCKED:
             getattr(ran, key).append(batch[f"{key}_ms"])
         ran.cpu_s.append(batch["cpu_s"])
         ran.own_clock.append(batch["own_clock"])

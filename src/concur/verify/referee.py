@@ -397,7 +397,7 @@ class Referee:
             run, clean = (run + 1, clean + took) if took <= self.clean_probe_ms else (0, 0.0)
             if run < DRAIN_CLEAN and time.perf_counter() - begin > limit_s:
                 raise DeviceBusy(
-                    f"the device was still running other work {limit_s:.0f} s after the candidate was stopped (work "
+                    f"the device was still running other work {limit_s:.0f} s after the other side was stopped (work "
                     "it left on the device, or another process on this GPU)"
                 )
         return max(0.0, 1000.0 * (time.perf_counter() - begin) - clean)
