@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 TASKS = {"relu_add": relu_add_task(), "relu_add_small": relu_add_task(256, 1024)}
 SETTINGS = {"device": "cuda", "timeout_s": 300, "workers": 4, "correctness_trials": 5, "warmup": 3, "timing_trials": 30}
 VARIANTS = ("fast", *HONEST_WAYS)
-SLOWER = ("workspace", "constant_table")
+SLOWER = ("workspace", "constant_table", "cuda_graph")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,8 @@ def test_every_honest_way_stays_correct_with_a_speedup(verdicts, mode):
         assert not [f for f in flags if f.startswith(("timing:", "check:"))], (mode, cid, flags)
         assert math.isfinite(row["speedup"]) and row["speedup"] > 0, (mode, cid, row["speedup"])
     # 16M elements: the fused ways make one pass against eager's three; the workspace's makes two, and the constant
-    # table's adds a copy a call: about eager's speed (1.1x on an H100, 0.8-0.9x on an H200)
+    # table's adds a copy a call, the graph's three (two in, one out): about eager's speed (1.1x on an H100, 0.8-0.9x
+    # on an H200)
     for variant in VARIANTS:
         assert table.loc[f"relu_add:{variant}", "speedup"] > (0.5 if variant in SLOWER else 1.2), (mode, variant)
 

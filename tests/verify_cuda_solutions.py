@@ -154,6 +154,13 @@ __global__ void vectorized_elementwise_kernel(float* out, int64_t n) { if (n < 0
     },
     # the fast kernel, with work left on the device after each hand-off (SLOWS_THE_REFERENCE below)
     "slows_the_reference": {},
+    # honest: the fast kernel, launched on the caller's stream, captured once in a CUDA graph and replayed on static
+    # inputs (CUDA_GRAPH below)
+    "cuda_graph": {
+        "HOST": """relu_add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+        x.data_ptr<float>(), y.data_ptr<float>(), out.data_ptr<float>(), (float)scale, n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();"""
+    },
     # honest: two passes through a workspace it allocates on every call (x + y, then relu and scale)
     "workspace": {
         "PRELUDE": """__global__ void add_kernel(const float* __restrict__ x, const float* __restrict__ y,
@@ -214,7 +221,7 @@ __global__ void relu_add_table(const float* __restrict__ x, const float* __restr
     },
 }
 # the honest kernels that do their work in a less common way (each must stay correct, with a speedup, in both modes)
-HONEST_WAYS = ("fast_vec", "own_stream", "workspace", "large_smem", "constant_table")
+HONEST_WAYS = ("fast_vec", "own_stream", "workspace", "large_smem", "constant_table", "cuda_graph")
 
 PYTHON_TEMPLATE = '''import torch
 import torch.nn as nn
@@ -310,8 +317,9 @@ def _after_handoff(harness):
     while harness.pending and time.perf_counter() < end:
         time.sleep(0.0002)
     time.sleep(0.002)  # past the hand-off's synchronisation
-    with torch.cuda.stream(torch.cuda.Stream()):
-        getattr(torch.cuda, "_sl" + "eep")(60_000_000)
+    cuda = torch.cuda  # a side stream, named past the source screen
+    with getattr(cuda, "str" + "eam")(getattr(cuda, "Str" + "eam")()):
+        getattr(cuda, "_sl" + "eep")(60_000_000)
     _busy.clear()
 _launch = ext.relu_add
 def _slowing(x, y, scale):
@@ -323,7 +331,30 @@ def _slowing(x, y, scale):
 ext = type("Slowing", (), {"relu_add": staticmethod(_slowing)})
 """
 )
+# the usual way to replay a kernel from a CUDA graph: captured at the first call of a shape, on static inputs the
+# later calls copy into, its output cloned (the next replay writes the same memory)
+CUDA_GRAPH = """
+_launch = ext.relu_add
+_graphs = {}
+def _replayed(x, y, scale):
+    key = (tuple(x.shape), x.dtype, scale)
+    if key not in _graphs:
+        inputs = (x.clone(), y.clone())
+        _launch(*inputs, scale)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = _launch(*inputs, scale)
+        _graphs[key] = graph, inputs, out
+    graph, (sx, sy), out = _graphs[key]
+    sx.copy_(x)
+    sy.copy_(y)
+    graph.replay()
+    return out.clone()
+ext = type("Replayed", (), {"relu_add": staticmethod(_replayed)})
+"""
 EXTRAS = {
+    "cuda_graph": CUDA_GRAPH,
     "slows_the_reference": SLOWS_THE_REFERENCE,
     "tamper": TAMPER,
     "deferred": NO_SYNC,
