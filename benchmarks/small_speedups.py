@@ -7,8 +7,9 @@ cold, as in a timed batch), CUDA events around each loop of at least 20 ms, the 
 ratio is shown beside it). The verifier's comes from `verify_frame` on the same candidates. The table shows both
 side by side and their ratio (the target: within 10 % on every row). `--doorbell both` verifies the candidates with
 the timed steps on the doorbell and on the socket alone, a row each; `--launch-core both` with each side's main
-thread on the launch core while it is timed and from its take on (orchestrate.LAUNCH_CORE); `--cupti` adds a plain
-reading taken after one profiled call of each model, so CUPTI stays attached as it does in the verifier's processes;
+thread on the launch core while it is timed and from its take on (orchestrate.LAUNCH_CORE); `--cupti` adds two plain
+readings taken after one profiled call of each model: CUPTI left attached, and CUPTI detached as the verifier's
+contestants detach it (TEARDOWN_CUPTI=1, contestant.let_cupti_detach);
 `--trace FILE` writes each verification's batch readings (api.TRACE_SINK) there, as JSON.
 
     python benchmarks/small_speedups.py --variants fast,fast_vec --sizes 256x1024,1024x1024,4096x4096
@@ -39,9 +40,12 @@ def task_code(size: str) -> str:
 
 def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = False) -> dict:
     """In this process: per size, the reference's and the kernel's quickest time per call (ms) by CUDA events.
-    `cupti`: each model's first call runs under torch's profiler, as a profiled call does in the verifier."""
+    `cupti`: each model's first call runs under torch's profiler, as a profiled call does in the verifier (then
+    CUPTI detached where TEARDOWN_CUPTI=1)."""
     import torch
     from verify_cuda_solutions import solution
+
+    from concur.verify.contestant import let_cupti_detach
 
     kernel_scope: dict = {}
     exec(compile(solution(variant), f"<{variant}>", "exec"), kernel_scope)
@@ -60,9 +64,11 @@ def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = Fals
         with torch.no_grad():
             if cupti:
                 for model in models.values():
-                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                         model(*pool[0])
                         torch.cuda.synchronize()
+                    if os.environ.get("TEARDOWN_CUPTI") == "1":
+                        let_cupti_detach(prof)
             for name, model in models.items():  # warm, and how many calls make a loop of MIN_LOOP_S
                 for args in pool:
                     model(*args)
@@ -139,16 +145,21 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(independent(args.one, args.sizes, args.repeats, args.attach_cupti)))
         return
     work = Path(tempfile.mkdtemp(prefix="concur-small-"))
-    readings = [("plain", [])] + ([("plain, CUPTI attached", ["--attach-cupti"])] if args.cupti else [])
-    plain: dict[str, dict] = {label: {} for label, _ in readings}
+    readings = [("plain", [], "0")]
+    if args.cupti:
+        readings += [
+            ("plain, CUPTI attached", ["--attach-cupti"], "0"),
+            ("plain, CUPTI detached", ["--attach-cupti"], "1"),
+        ]
+    plain: dict[str, dict] = {label: {} for label, _, _ in readings}
     for v in args.variants:  # one at a time: two readings side by side on one GPU would slow each other
-        for label, extra in readings:
+        for label, extra, teardown in readings:
             child = subprocess.run(
                 [sys.executable, __file__, "--one", v, "--sizes", ",".join(args.sizes), "--repeats", str(args.repeats)]
                 + extra,
                 stdout=subprocess.PIPE,
                 text=True,
-                env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / f"ext-{v}")),
+                env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / f"ext-{v}"), TEARDOWN_CUPTI=teardown),
                 check=True,
             )
             plain[label][v] = json.loads(child.stdout.strip().splitlines()[-1])

@@ -22,7 +22,7 @@ from concur.verify import doorbell, exchange, sandbox
 from concur.verify.build import ExtensionLoader, exec_program
 
 L2_THRASH_BYTES = 256 << 20  # KernelBench's cold-cache fill before each timed trial
-DETACH_ROUNDS = 25  # CUDA calls 2 ms apart after a profile, any of which may be the one CUPTI detaches in
+DETACH_ROUNDS = 25  # CUDA calls after a profile, in any of which CUPTI may detach (let_cupti_detach)
 TAKEN_POSITIONS = 64  # elements of each tensor output read as a taken call returns (Contestant.take)
 WORDS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64", 16: "complex128"}  # what take reads outputs as, by size
 
@@ -463,11 +463,8 @@ class Contestant:
         with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
             fn()
             self._sync()
-        if cuda:  # kineto detaches CUPTI from a later CUDA call's callback (TEARDOWN_CUPTI): here, not in a timed batch
-            prof.events()  # its trace read first (where the teardown may begin), then the calls it can detach in
-            for _ in range(DETACH_ROUNDS):
-                time.sleep(0.002)
-                self._sync()
+        if cuda:
+            let_cupti_detach(prof)
         return prof
 
     def state(self, msg: dict) -> dict:
@@ -494,6 +491,18 @@ class Contestant:
 
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+
+
+def let_cupti_detach(prof) -> None:
+    """After a CUDA profile, with TEARDOWN_CUPTI=1 (runner.contestant_env): its trace read (where kineto may begin
+    to detach CUPTI), then CUDA calls 2 ms apart, from one of whose callbacks it detaches: here, and not in the
+    timed batch that follows."""
+    import torch
+
+    prof.events()
+    for _ in range(DETACH_ROUNDS):
+        time.sleep(0.002)
+        torch.cuda.synchronize()
 
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
