@@ -162,8 +162,10 @@ def test_the_verifiers_code_is_unchanged(verdicts):
 
 
 def test_nothing_outlives_its_evaluation(verdicts):
-    """escape_daemon left a process in a new session, reparented away from it: the zygote reaped it."""
+    """escape_daemon left a process in a new session, reparented away from it: the zygote reaped it.
+    escape_parent could not start a process outside its own tree (honest only if every attempt was refused)."""
     assert verdicts[0].loc["escape_daemon", "status"] == "correct"
+    assert status(verdicts, "escape_parent")[0] == "correct", status(verdicts, "escape_parent")
     import os
 
     daemons = []

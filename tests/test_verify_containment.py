@@ -114,6 +114,43 @@ def test_a_detached_process_chain_dies_with_its_build(zygote, tmp_path):
     assert zygote.clear_leftovers() == []
 
 
+ESCAPE = f"""
+import ctypes, errno, os, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_PARENT, SIGCHLD = 0x8000, 17
+clone, clone3 = {{"x86_64": (56, 435), "aarch64": (220, 435)}}[os.uname().machine]
+got = []
+def outcome(returned):
+    if returned == 0:  # the new process, its parent's sibling: it notes itself and stays
+        open("escaped.pids", "a").write(f"{{{host_pid()}}}\\n")
+        time.sleep(30)
+        os._exit(0)
+    got.append("ok" if returned > 0 else errno.errorcode[ctypes.get_errno()])
+outcome(libc.syscall(clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0))
+class Args(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("flags", "pidfd", "child", "parent", "signal", "stack", "size", "tls")]
+outcome(libc.syscall(clone3, ctypes.byref(Args(flags=CLONE_PARENT, signal=SIGCHLD)), ctypes.c_size_t(64)))
+thread = threading.Thread(target=lambda: got.append("thread"))
+thread.start()
+thread.join()
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+got.append("fork" if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7 else "no fork")
+open("escape.txt", "w").write(" ".join(got))
+"""
+
+
+def test_nothing_a_build_starts_leaves_its_tree(zygote, tmp_path):
+    """clone with CLONE_PARENT would start a process as its parent's child (the zygote's, or its namespace
+    reaper's): outside the tree that is stopped while the other side is timed, counted and killed. Refused, and
+    clone3 (whose flags a filter cannot read) answered ENOSYS; threads and fork work as before."""
+    row, scratch = build(zygote, ESCAPE, tmp_path)
+    assert row["status"] == "no_build", row
+    assert (scratch / "escape.txt").read_text() == "EPERM ENOSYS thread fork"
+    assert not (scratch / "escaped.pids").exists()
+
+
 # a lower nice value and a real-time policy for the program itself, each noted in `own` where it was allowed
 RAISE_OWN = """with contextlib.suppress(OSError):
     os.setpriority(os.PRIO_PROCESS, 0, -10)

@@ -341,6 +341,39 @@ def others_filter(machine: str, own: int, signals: bool) -> bytes:
     return b"".join([*program, _op(_RET, _ALLOW)])
 
 
+_CLONE_PARENT, _JSET, _NO_SYSCALL = 0x00008000, 0x45, 0x00050000 | errno.ENOSYS
+_CLONES = {"x86_64": (56, 435), "aarch64": (220, 435)}  # machine: (clone, clone3)
+
+
+def tree_filter(machine: str) -> bytes:
+    """The BPF program of stay_in_tree: clone with CLONE_PARENT refused (EPERM), clone3 answered ENOSYS (its flags
+    lie in memory a filter cannot read; the C library then falls back to clone, as it does under container
+    runtimes), calls through another architecture's entry point refused. Everything else allowed."""
+    arch = _CALLS[machine][0]
+    clone, clone3 = _CLONES[machine]
+    program = [_op(_LD, 4), _op(_JEQ, arch, 1, 0), _op(_RET, _DENY), _op(_LD, 0)]
+    if machine == "x86_64":
+        program += [_op(_JGE, 0x40000000, 0, 1), _op(_RET, _DENY)]
+    program += [_op(_JEQ, clone3, 0, 1), _op(_RET, _NO_SYSCALL)]
+    program += [_op(_JEQ, clone, 0, 3), _op(_LD, 16), _op(_JSET, _CLONE_PARENT, 0, 1), _op(_RET, _DENY)]
+    return b"".join([*program, _op(_RET, _ALLOW)])
+
+
+def stay_in_tree() -> bool:
+    """Keep every process this one starts in its own process tree: CLONE_PARENT would make a process its parent's
+    child (the zygote's, or its namespace's reaper's), outside the tree that is stopped while the other side is
+    timed, counted in its CPU time and killed with it. False where the filter cannot be installed (another
+    architecture, no seccomp)."""
+    machine = os.uname().machine
+    if machine not in _CLONES:
+        return False
+    code = ctypes.create_string_buffer(tree_filter(machine))
+    program = _Program(len(code.raw) // 8, ctypes.cast(code, ctypes.c_void_p))
+    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return False
+    return _syscall(_CALLS[machine][1], ctypes.c_uint(1), ctypes.c_uint(0), ctypes.byref(program)) == 0
+
+
 def watch_others(signals: bool) -> int | None:
     """Install the filter of the calls aimed at other processes (`signals`: signals too) on this process and
     whatever it starts; the listener's descriptor, for the zygote to answer (answer_others). None where seccomp's

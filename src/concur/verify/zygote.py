@@ -13,8 +13,8 @@ the kernel kills everything left in the namespace. Elsewhere the child is a subr
 zygote kills its whole tree (procs.kill_tree); and it installs a seccomp filter first (sandbox.watch_others)
 whose listener it hands here: the zygote lets a scheduling call (and, where Landlock cannot scope signals, a
 signal) aimed at another process through only when that process is in the child's own tree (`CONCUR_FENCE_SIGNALS`
-fences signals where Landlock could). A sandboxed child cannot raise its own priority either
-(sandbox.keep_scheduling).
+fences signals where Landlock could). In both cases a sandboxed child cannot start a process outside its own tree
+(sandbox.stay_in_tree) nor raise its own priority (sandbox.keep_scheduling).
 
 A child's spec: role (contestant | builder | trusted), cwd, env, log, sandbox ({write, read, hidden, devices} or
 null for trusted work), limits ({address_space_mb}).
@@ -229,6 +229,7 @@ def start_child(spec: dict, sock: socket.socket) -> int:
     sandbox.become_subreaper()  # whatever its descendants orphan stays in its tree, to be counted and killed with it
     confined = "off"
     if spec.get("sandbox") is not None:
+        sandbox.stay_in_tree()
         sandbox.keep_scheduling()
         box = spec["sandbox"]
         box["around"] = sandbox.readable_around(box["hidden"])  # kept for a later layer (contestant.own_build)
