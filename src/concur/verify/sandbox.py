@@ -289,7 +289,7 @@ SIGNALS = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "p
 _ONE_PROCESS = {"setpriority": 0, "ioprio_set": 1}  # PRIO_PROCESS, IOPRIO_WHO_PROCESS: the target is then args[1]
 _LD, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06  # BPF: load a word of seccomp_data, jump if equal / if >=, return
 _ALLOW, _NOTIFY, _DENY = 0x7FFF0000, 0x7FC00000, 0x00050000 | errno.EPERM
-_NOTIF_RECV, _NOTIF_SEND, _NOTIF_CONTINUE = 0xC0502100, 0xC0182101, 1
+_NOTIF_RECV, _NOTIF_SEND, _NOTIF_CONTINUE, _NEW_LISTENER = 0xC0502100, 0xC0182101, 1, 1 << 3
 
 
 class _Program(ctypes.Structure):
@@ -316,15 +316,32 @@ def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
+def _native_calls_only(machine: str) -> list[bytes]:
+    """The start of every filter here: calls through another architecture's entry point (i386, x32) refused, then
+    the call's number loaded."""
+    program = [_op(_LD, 4), _op(_JEQ, _CALLS[machine][0], 1, 0), _op(_RET, _DENY), _op(_LD, 0)]
+    if machine == "x86_64":
+        program += [_op(_JGE, 0x40000000, 0, 1), _op(_RET, _DENY)]
+    return program
+
+
+def _install(program: bytes, flags: int) -> int:
+    """Install a BPF program on this process and whatever it starts (no new privileges first, as seccomp asks of an
+    unprivileged process): what the seccomp call returned, -1 where it could not be made."""
+    code = ctypes.create_string_buffer(program)
+    compiled = _Program(len(code.raw) // 8, ctypes.cast(code, ctypes.c_void_p))
+    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return -1
+    return _syscall(_CALLS[os.uname().machine][1], ctypes.c_uint(1), ctypes.c_uint(flags), ctypes.byref(compiled))
+
+
 def others_filter(machine: str, own: int, signals: bool) -> bytes:
     """The BPF program of watch_others for a process whose pid is `own`: calls through another architecture's entry
     point (i386, x32) refused; each call of _CALLS allowed when aimed at itself (0 or `own`), otherwise notified.
     Refused outright: setpriority and ioprio_set on a process group or a user, kill(-1) (every process the user
     may signal), pidfd_send_signal (its target cannot be read from outside). Everything else allowed."""
-    arch, _, numbers = _CALLS[machine]
-    program = [_op(_LD, 4), _op(_JEQ, arch, 1, 0), _op(_RET, _DENY), _op(_LD, 0)]
-    if machine == "x86_64":
-        program += [_op(_JGE, 0x40000000, 0, 1), _op(_RET, _DENY)]
+    numbers = _CALLS[machine][2]
+    program = _native_calls_only(machine)
     for name, number in numbers.items():
         if name in SIGNALS and not signals:
             continue
@@ -349,12 +366,8 @@ def tree_filter(machine: str) -> bytes:
     """The BPF program of stay_in_tree: clone with CLONE_PARENT refused (EPERM), clone3 answered ENOSYS (its flags
     lie in memory a filter cannot read; the C library then falls back to clone, as it does under container
     runtimes), calls through another architecture's entry point refused. Everything else allowed."""
-    arch = _CALLS[machine][0]
     clone, clone3 = _CLONES[machine]
-    program = [_op(_LD, 4), _op(_JEQ, arch, 1, 0), _op(_RET, _DENY), _op(_LD, 0)]
-    if machine == "x86_64":
-        program += [_op(_JGE, 0x40000000, 0, 1), _op(_RET, _DENY)]
-    program += [_op(_JEQ, clone3, 0, 1), _op(_RET, _NO_SYSCALL)]
+    program = _native_calls_only(machine) + [_op(_JEQ, clone3, 0, 1), _op(_RET, _NO_SYSCALL)]
     program += [_op(_JEQ, clone, 0, 3), _op(_LD, 16), _op(_JSET, _CLONE_PARENT, 0, 1), _op(_RET, _DENY)]
     return b"".join([*program, _op(_RET, _ALLOW)])
 
@@ -365,13 +378,7 @@ def stay_in_tree() -> bool:
     timed, counted in its CPU time and killed with it. False where the filter cannot be installed (another
     architecture, no seccomp)."""
     machine = os.uname().machine
-    if machine not in _CLONES:
-        return False
-    code = ctypes.create_string_buffer(tree_filter(machine))
-    program = _Program(len(code.raw) // 8, ctypes.cast(code, ctypes.c_void_p))
-    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        return False
-    return _syscall(_CALLS[machine][1], ctypes.c_uint(1), ctypes.c_uint(0), ctypes.byref(program)) == 0
+    return machine in _CLONES and _install(tree_filter(machine), 0) == 0
 
 
 def watch_others(signals: bool) -> int | None:
@@ -381,11 +388,7 @@ def watch_others(signals: bool) -> int | None:
     machine = os.uname().machine
     if machine not in _CALLS:
         return None
-    code = ctypes.create_string_buffer(others_filter(machine, os.getpid(), signals))
-    program = _Program(len(code.raw) // 8, ctypes.cast(code, ctypes.c_void_p))
-    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        return None
-    listener = _syscall(_CALLS[machine][1], ctypes.c_uint(1), ctypes.c_uint(1 << 3), ctypes.byref(program))
+    listener = _install(others_filter(machine, os.getpid(), signals), _NEW_LISTENER)
     return listener if listener >= 0 else None
 
 
