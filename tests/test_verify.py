@@ -242,9 +242,8 @@ _harness = sys.modules["concur.verify." + "contestant"]
 _forward = _harness.Contestant.forward
 
 
-def _ring_first(self, msg):  # `done` rung before any work: the clock stops early, the work lands in the hand-off
-    if self.bell is not None and isinstance(msg.get("token"), int):
-        self.bell.ring(_harness.doorbell.DONE, msg["token"])
+def _ring_first(self, msg):  # `done` rung (or noticed) before any work: the clock stops early, the work lands in
+    _harness.Contestant._answer(self, _harness.doorbell.DONE, msg)  # the hand-off
     return _forward(self, msg)
 
 
@@ -262,10 +261,12 @@ class ModelNew(nn.Module):
 """
 
 
-def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path):
+@pytest.mark.parametrize("bell", [True, False], ids=["doorbell", "socket"])
+def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path, bell):
     """A referee with cores of its own (as on a GPU node) signals each timed forward and hand-off on the doorbell,
     both sides; a candidate that rings `done` before doing its work (it can write the page) stops the forward's
-    clock early, and the work it then does is timed in the hand-off and counted in that batch. Timed on two shared
+    clock early, and the work it then does is timed in the hand-off and counted in that batch. The same without the
+    doorbell, where a notice on the socket ends each timed step (its harness can send one early). Timed on two shared
     cores, where the referee may notice a ring late (the work then stays in the forward: its quickest batch can be
     one of those) and a hand-off can swing by milliseconds: both candidates do work that outweighs that swing (what
     a copy's own spread leaves a candidate is bounded in docs/verifier.md), and the pair is measured once more when
@@ -290,7 +291,7 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
         }
     )
     # four cores listed (repeats allowed) give the referee cores to spin on (referee.split_cores), even on two
-    referee = orchestrate.RefereeHandle("cpu", None, tmp_path / "cache", 1, 1, True, False, (mine * 4)[:4])
+    referee = orchestrate.RefereeHandle("cpu", None, tmp_path / "cache", 1, 1, True, False, (mine * 4)[:4], bell)
     found = {}
 
     def handed_late(report, honest_ms: float) -> list[float]:
@@ -333,12 +334,47 @@ def test_timed_steps_ride_the_doorbell_and_ringing_early_gains_nothing(tmp_path)
             # the steps ride the doorbell; one the referee stopped spinning for (its 0.2 s spin, on two shared cores
             # a 0.3 s batch preempted past it) ends on the socket, by design, so most, not all, must have rung
             rung = [all(b["rung"].values()) for b in report.trace["batch_ms"]["own_clock"][side]]
-            assert sum(rung) > len(rung) / 2, (side, rung)
+            assert sum(rung) > len(rung) / 2 if bell else not any(rung), (side, rung)
     early, honest_ms = found["early"], work_ms()
     late = handed_late(early, honest_ms)
     assert early.timing.deferred and late, "the early ring never cut a forward short"
     assert statistics.median(late) > 0.5 * honest_ms, late  # the work it cut out landed in the hand-off
     assert early.timing.new.best_ms > 0.7 * honest_ms
+
+
+def test_a_timed_step_on_the_socket_ends_at_its_notice():
+    """Without a doorbell a timed step ends at the contestant's notice of its token, sent ahead of the reply: the
+    replies read on the way (the forward's, before the hand-off's notice) are kept in order for `collect`; a notice
+    of another token or command, or a second one, is passed over; a step that fails replies without a notice, and
+    that reply ends it."""
+    import socket
+
+    from concur.verify import procs
+    from concur.verify.runner import Runner
+
+    ours, theirs = socket.socketpair()
+    runner = Runner.__new__(Runner)
+    runner.channel, contestant = procs.Channel(ours), procs.Channel(theirs)
+    runner.zygote, runner.pid, runner.memory_kb, runner.max_processes = None, os.getpid(), 1 << 40, 1 << 20
+    runner.spin_s, runner.owed, runner.read_ahead = 0.0, ["go", "handoff"], []
+    for frame in (
+        {"answered": 7, "nonce": "go"},  # the forward's own notice, left over
+        {"ok": True, "outs": [], "nonce": "go"},
+        {"answered": 8, "nonce": "handoff"},  # another token: forged or stale
+        {"answered": 9, "nonce": "go"},  # another command's
+        {"answered": 9, "nonce": "handoff"},
+        {"answered": 9, "nonce": "handoff"},  # a second one
+        {"ok": True, "handed": 1, "nonce": "handoff"},
+    ):
+        contestant.send(frame)
+    before = time.perf_counter()
+    assert before < runner.noticed(9, "timing", 5.0) < time.perf_counter()
+    assert runner.read_ahead == [{"ok": True, "outs": [], "nonce": "go"}]
+    assert runner.collect("timing", 5.0)["outs"] == [] and runner.collect("timing", 5.0)["handed"] == 1
+    runner.owed = ["call"]
+    contestant.send({"ok": False, "error": "boom", "nonce": "call"})
+    runner.noticed(3, "timing", 5.0)
+    assert runner.collect("timing", 5.0)["error"] == "boom" and not runner.owed
 
 
 SLEEPY = """

@@ -407,6 +407,7 @@ def test_a_batchs_clocked_spans_meet_however_long_the_referee_is_held_up_between
         arena=lambda slot, nbytes, stage: SimpleNamespace(bytes=torch.zeros(nbytes, dtype=torch.uint8)),
         ring=lambda *args: time.perf_counter(),
         collect=lambda *args, **kwargs: {"ok": True},
+        bell=None,
     )
     judge = SimpleNamespace(offset=lambda: 0, sync=lambda: None)
     referee = SimpleNamespace(

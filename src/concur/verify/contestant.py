@@ -88,6 +88,7 @@ class Contestant:
         self.taking, self.taker, self.taken = 0, None, []
         self.received_at = 0.0  # when the command being answered arrived (the system's monotonic clock)
         self.bell: doorbell.Bell | None = None
+        self.channel = None  # the socket to the referee (serve): a timed step's notice goes there without a doorbell
         self.last = {doorbell.GO: None, doorbell.HANDOFF: None}  # the last token heard on each ringing slot
         self.early: dict[str, tuple[int, dict]] = {}  # replies to steps run from the doorbell, by command
         self.notify = None  # notify("launched") once forward has returned, notify("ran") once the device is done
@@ -293,12 +294,20 @@ class Contestant:
 
     def _answer(self, slot: int, msg: dict, own: dict | None = None) -> None:
         """Ring the answering slot with the command's token (a timed step), noting when; that token is heard, however
-        the command came."""
-        if self.bell is not None and isinstance(msg.get("token"), int):
+        the command came. Without a doorbell, the same token in a short notice on the socket, ahead of the reply
+        (Runner.ring): the referee's clock then stops where it would on the doorbell, not once a reply that grows
+        with the batch is built and sent."""
+        if not isinstance(msg.get("token"), int):
+            return
+        if self.bell is not None:
             self.last[doorbell.GO if slot == doorbell.DONE else doorbell.HANDOFF] = msg["token"]
             self.bell.ring(slot, msg["token"])
-            if own is not None:
-                own["sent_at"] = time.perf_counter()
+        elif self.channel is not None:
+            self.channel.send({"answered": msg["token"], "nonce": msg.get("nonce")})
+        else:
+            return
+        if own is not None:
+            own["sent_at"] = time.perf_counter()
 
     def from_bell(self, spin_s: float, run) -> None:
         """After `prepare`: wait on the doorbell for `go`, run its timed part, then the same for the hand-off, and
@@ -577,6 +586,7 @@ def serve(channel, spec: dict, sandbox: str) -> int:
 
     try:
         contestant = Contestant(spec, sandbox)
+        contestant.channel = channel
         channel.send(
             {"ok": True, "ready": True, "sandbox": sandbox, "pid": os.getpid(), "startup_s": contestant.startup_s}
         )

@@ -324,7 +324,7 @@ class Referee:
         begin = time.perf_counter()
         since = begin if since is None else since
         message = {"op": "handoff", "start": 0, "base": base}
-        rung = runner.ring(doorbell.HANDOFF, doorbell.HANDED, message, [0, base], "timing", n)
+        rung = runner.ring(doorbell.HANDOFF, doorbell.HANDED, message, [0, base], "timing", n, timeout)
         if rung is None:
             go_reply = go_reply or runner.collect("timing", timeout)
             reply = runner.collect("timing", timeout, spin=True)
@@ -335,7 +335,8 @@ class Referee:
             go_reply = go_reply or runner.collect("timing", timeout)
             reply = runner.collect("timing", timeout)
         return {"go": go_reply, "handoff": reply, "base": base, "landed": landed, "seconds": end - since,
-                "rung": rung is not None, "sent_at": begin, "replied_at": end}  # fmt: skip
+                "rung": rung is not None and runner.bell is not None, "sent_at": begin,
+                "replied_at": end}  # fmt: skip
 
     def offset(self) -> int:
         """Where in its room a hand-off lands: chosen as it is asked for, so it cannot be written in advance."""

@@ -369,7 +369,8 @@ def timed_go(
 ):
     """The forward of a timed batch, on the referee's clock: the batch's inputs written into the runner's arena (the
     contestant has made its views of it already, but nothing it could compute on before this clock started), the
-    caches flushed, then `go` rung and sent, until the contestant rings back (or, without the doorbell, replies).
+    caches flushed, then `go` rung and sent, until the contestant rings back (without the doorbell: sends its
+    notice, Runner.ring).
     On the CPU the runner's processes are stopped while it is written. Returns the reply (None where it is still to
     be read: see timed_round), `stage_ms` (writing and flush), `go_ms` (the rest: the batch's forward), the
     runner's `cpu_s` during go, when `go` was sent and answered (`sent_at`, `replied_at`: the monotonic clock), and
@@ -387,7 +388,7 @@ def timed_go(
     # writing in which work a candidate deferred could run; the round trip calibrated on the reference holds it too
     cpu = procs.cpu_seconds(runner.pid)
     sent = time.perf_counter()
-    rung = runner.ring(doorbell.GO, doorbell.DONE, go, go.get("seeds"), "timing", n)
+    rung = runner.ring(doorbell.GO, doorbell.DONE, go, go.get("seeds"), "timing", n, timeout)
     reply = None if rung is not None else runner.collect("timing", timeout, spin=True)
     end = rung or time.perf_counter()
     return {
@@ -397,7 +398,7 @@ def timed_go(
         "cpu_s": procs.cpu_seconds(runner.pid) - cpu,
         "sent_at": sent,
         "replied_at": end,
-        "rung": rung is not None,
+        "rung": rung is not None and runner.bell is not None,
     }
 
 

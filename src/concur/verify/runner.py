@@ -61,6 +61,11 @@ def contestant_env(folder: Path, threads: int) -> dict:
     return env
 
 
+def is_notice(frame: dict) -> bool:
+    """A timed step's notice on the socket (contestant.Contestant._answer), not a reply."""
+    return set(frame) == {"answered", "nonce"}
+
+
 class Runner:
     """One contestant process, started at once; `ready()` waits for it to have made its CUDA context. `devices`:
     the GPU device files its sandbox lets it open (sandbox.gpu_nodes)."""
@@ -104,6 +109,7 @@ class Runner:
         self.killed = False
         self.bell: doorbell.Bell | None = None
         self.owed: list[str] = []  # nonces of the commands sent whose replies are not read yet
+        self.read_ahead: list[dict] = []  # replies read while a timed step's notice was awaited (ring), in order
 
     def ready(self) -> None:
         if self.sandbox is None:
@@ -148,31 +154,52 @@ class Runner:
         self.owed.append(nonce)
 
     def collect(self, stage: str, timeout: float, spin: bool = False, after_launch: float | None = None) -> dict:
-        """The reply to the oldest command sent (the ready message, before any)."""
+        """The reply to the oldest command sent (the ready message, before any); a timed step's notices (`noticed`)
+        are passed over, a second one included (a candidate's harness can send any)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.read_ahead:
+                reply = self.read_ahead.pop(0)
+            else:
+                left = max(0.0, deadline - time.monotonic())
+                reply = self._receive(stage, left, self.spin_s if spin else 0.0, after_launch)
+            if not is_notice(reply):
+                break
+        if self.owed and reply.get("nonce") != self.owed.pop(0):  # a reply written before the command was read
+            self.end()
+            raise RunnerFailed("protocol", stage, "a reply that does not answer the command sent")
+        return reply
+
+    def _receive(self, stage: str, timeout: float, spin_s: float = 0.0, after_launch: float | None = None) -> dict:
+        """The next message on the socket, within the limits (procs.await_reply)."""
         try:
-            reply = procs.await_reply(
+            return procs.await_reply(
                 self.channel,
                 self.zygote,
                 self.pid,
                 timeout,
                 self.memory_kb,
                 self.max_processes,
-                spin_s=self.spin_s if spin else 0.0,
+                spin_s=spin_s,
                 after_launch=after_launch,
             )
         except procs.Stopped as err:
             raise RunnerFailed(err.kind, stage, err.detail, err.seconds) from None
-        if self.owed and reply.get("nonce") != self.owed.pop(0):  # a reply written before the command was read
-            self.end()
-            raise RunnerFailed("protocol", stage, "a reply that does not answer the command sent")
-        return reply
 
     def ring(
-        self, slot: int, answer: int, message: dict, payload: list[int] | None, stage: str, size: int = 0
+        self,
+        slot: int,
+        answer: int,
+        message: dict,
+        payload: list[int] | None,
+        stage: str,
+        size: int = 0,
+        timeout: float = 600.0,
     ) -> float | None:
         """A timed step: ring `slot` on the doorbell with a fresh token and send the same command over the socket;
-        spin until the contestant rings `answer` with that token. When it did, or None (no doorbell, or no answer
-        there within the spin: the reply on the socket ends the step). The reply is left to `collect`.
+        spin until the contestant rings `answer` with that token. When it did, or None (no answer there within the
+        spin: the reply on the socket ends the step). The reply is left to `collect`. Without a doorbell, the
+        contestant's notice on the socket ends the step instead (`noticed`).
         Before spinning, the referee sleeps through the first part of the step (doorbell.idle_s), as judged by the
         quickest answer to the same step of the same `size` (calls in the batch) so far: a spinning core slowed the
         contestant's own by up to 4x on virtual machines whose cores share physical ones."""
@@ -182,7 +209,7 @@ class Runner:
         begin = time.perf_counter()
         self.send({**message, "token": token}, stage)
         if self.bell is None:
-            return None
+            return self.noticed(token, stage, timeout)
         step = (slot, size)
         idle = doorbell.idle_s(self.fastest.get(step))
         if idle > 0:
@@ -191,6 +218,22 @@ class Runner:
         if answered is not None:
             self.fastest[step] = min(self.fastest.get(step, math.inf), answered - begin)
         return answered
+
+    def noticed(self, token: int, stage: str, timeout: float) -> float:
+        """When the step of `token` was answered on the socket: its notice (`{"answered": token}`, sent before the
+        reply), or the command's reply itself where none came first (a failed step). What else is read on the way
+        (replies to earlier commands, that reply) is kept for `collect`; notices of other tokens are passed over."""
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self._receive(stage, max(0.0, deadline - time.monotonic()), self.spin_s)
+            at = time.perf_counter()
+            if is_notice(frame):
+                if frame["answered"] == token and frame["nonce"] == self.owed[-1]:
+                    return at
+                continue
+            self.read_ahead.append(frame)
+            if frame.get("nonce") == self.owed[-1]:
+                return at
 
     def arena(self, slot: str, nbytes: int, stage: str) -> exchange.Arena:
         """The arena of this slot, replaced by a larger one (and shared again) when it is too small."""
