@@ -1111,3 +1111,46 @@ def test_a_timed_sides_main_thread_is_on_the_launch_core_only_while_timed():
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("left_by", ["none", "candidate", "another process"])
+def test_a_device_busy_past_the_drain_is_blamed_on_whoever_left_the_work(left_by, monkeypatch):
+    """A device still busy past the drain's limit fails the candidate only where the work went with it: each judged
+    candidate is killed and the device drained again. Clean then, the work was the candidate's (a timing failure);
+    still busy, another process uses the GPU: the verifier's own failure, never the candidate's."""
+    from types import SimpleNamespace
+
+    from concur.verify.referee import DeviceBusy, Referee
+    from concur.verify.runner import RunnerFailed
+
+    class Side:
+        def __init__(self, pid):
+            self.pid, self.killed = pid, False
+
+        def kill(self):
+            self.killed = True
+
+    reference, candidate = Side(1), Side(2)
+    referee = Referee.__new__(Referee)
+    referee.device, referee.clean_probe_ms = "cuda", 0.2
+    referee.judged, referee.task = [reference, candidate], SimpleNamespace(runner=reference)
+    referee.zygote = SimpleNamespace(wait=lambda pid, timeout: None)
+    busy = {"none": lambda: False, "candidate": lambda: not candidate.killed, "another process": lambda: True}
+    referee.probe = lambda: 5.0 if busy[left_by]() else 0.01
+    referee.release = lambda held: None
+    stopped = []
+    monkeypatch.setattr(procs, "stop_tree", lambda pid: stopped.append(pid) or [pid])
+    if left_by == "none":
+        with referee.alone(reference, 0.05) as waited:
+            assert waited == [0.0] and not candidate.killed
+    elif left_by == "candidate":
+        with pytest.raises(DeviceBusy, match="left on the device"):
+            with referee.alone(reference, 0.05):
+                pass
+    else:
+        with pytest.raises(RunnerFailed) as failed:
+            with referee.alone(candidate, 0.05):
+                pass
+        assert failed.value.kind == "referee" and "another process" in failed.value.detail
+    assert candidate.killed == (left_by != "none") and not reference.killed
+    assert stopped == ([1] if left_by == "another process" else [2])

@@ -22,12 +22,13 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import NoReturn
 
 from concur.text import describe
 from concur.verify import doorbell, exchange, procs, sandbox
 from concur.verify.reference import CallFailed
 from concur.verify.report import Failure, Report
-from concur.verify.runner import Runner
+from concur.verify.runner import Runner, RunnerFailed
 
 SPIN_S = 0.2  # timed replies are awaited without sleeping, on cores of the referee's own (procs.Channel.recv)
 # drain: a probe on a clean device answered in 13-84 us (H200), one behind another context's kernels in 0.9-2.4 ms
@@ -36,7 +37,8 @@ DRAIN_CLEAN = 3  # probes in a row within it: a device free of another context's
 
 
 class DeviceBusy(CallFailed):
-    """The device still ran other work long after every other side was stopped (Referee.drain)."""
+    """The device still ran other work long after every other side was stopped (Referee.drain); raised out of a
+    job only once the candidate is gone and the work with it (Referee.alone): it was the candidate's."""
 
 
 def split_cores(cpus: list[int] | None, threads: int) -> tuple[list[int], list[int]]:
@@ -360,9 +362,36 @@ class Referee:
         others = [other for other in self.judged if other is not runner and other.pid]
         held = [pid for other in others for pid in procs.stop_tree(other.pid)]
         try:
-            yield [self.drain(limit_s)]
+            try:
+                waited = self.drain(limit_s)
+            except DeviceBusy:
+                self.blame(limit_s)
+            yield [waited]
         finally:
             self.release(held)
+
+    def blame(self, limit_s: float) -> NoReturn:
+        """Whose work kept the device busy past the drain's limit: every judged candidate is killed (a process's
+        context, and the work queued in it, goes with it) and the device drained again. Clean now, the work was the
+        candidate's: DeviceBusy, a failure of its timing. Still busy, it is another process's on this GPU:
+        RunnerFailed("referee"), the verifier's own failure (verdict `verifier: …`), never the candidate's."""
+        candidates = [r for r in self.judged if self.task is None or r is not self.task.runner]
+        for candidate in candidates:
+            candidate.kill()
+        for candidate in candidates:
+            self.zygote.wait(candidate.pid, 30.0)
+        try:
+            self.drain(limit_s)
+        except DeviceBusy:
+            raise RunnerFailed(
+                "referee",
+                "timing",
+                f"the GPU stayed busy {limit_s:.0f} s with the candidate gone: another process "
+                "is using it, nothing was judged",
+            ) from None
+        raise DeviceBusy(
+            f"work the candidate left on the device kept it busy {limit_s:.0f} s (gone with the candidate)"
+        )
 
     def calibrate_drain(self) -> None:
         """Once, with nothing else on the device (at a task's setup, the pool stopped): the round trip of a probe
