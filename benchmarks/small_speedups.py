@@ -10,9 +10,14 @@ the timed steps on the doorbell and on the socket alone, a row each; `--launch-c
 thread on the launch core while it is timed and from its take on (orchestrate.LAUNCH_CORE); `--cupti` adds two plain
 readings taken after one profiled call of each model: CUPTI left attached, and CUPTI detached as the verifier's
 contestants detach it (TEARDOWN_CUPTI=1, contestant.let_cupti_detach);
-`--trace FILE` writes each verification's batch readings (api.TRACE_SINK) there, as JSON.
+`--trace FILE` writes each verification's batch readings (api.TRACE_SINK) there, as JSON. `--device cpu`: the same
+for the CPU's honest C++ relu_add (variant `cpp`), the plain loop timed by the host clock on the verifier's thread
+count (all cores, one worker), over a pool of inputs larger than twice the last-level cache, its extension built by
+the compiler the verifier builds with (verify.host_compiler `auto`), and where that is not load_inline's own (CXX,
+else c++), a reading built by that one too: the compiler alone can change a CPU kernel's speed.
 
     python benchmarks/small_speedups.py --variants fast,fast_vec --sizes 256x1024,1024x1024,4096x4096
+    python benchmarks/small_speedups.py --device cpu --sizes 8x16,64x256,256x1024
 """
 
 from __future__ import annotations
@@ -31,11 +36,67 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 MIN_LOOP_S = 0.02
 
 
-def task_code(size: str) -> str:
+CPU_FIXTURES = ROOT / "tests" / "fixtures" / "verify"
+
+
+def task_code(size: str, device: str = "cuda") -> str:
     from verify_cuda_solutions import relu_add_task
 
     rows, cols = size.split("x")
+    if device == "cpu":
+        program = (CPU_FIXTURES / "task_relu_add.py").read_text()
+        return program.replace("rows = 8", f"rows = {rows}").replace("cols = 16", f"cols = {cols}")
     return relu_add_task(int(rows), int(cols))
+
+
+def solution_code(variant: str, device: str = "cuda") -> str:
+    if device == "cpu":
+        if variant != "cpp":
+            raise SystemExit(f"--device cpu has one variant, cpp (not {variant})")
+        return (CPU_FIXTURES / "solution_correct.py").read_text()
+    from verify_cuda_solutions import solution
+
+    return solution(variant)
+
+
+def cpu_independent(variant: str, sizes: list[str], repeats: int) -> dict:
+    """The CPU's plain reading: as `independent`, by the host clock, on every core (the verifier gives its one
+    worker all of them), over a pool larger than twice the last-level cache (at least 32 MB assumed)."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    kernel_scope: dict = {}
+    exec(compile(solution_code(variant, "cpu"), f"<{variant}>", "exec"), kernel_scope)
+    cache = max(os.sysconf("SC_LEVEL3_CACHE_SIZE") if "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names else 0, 32 << 20)
+    found = {}
+    for size in sizes:
+        scope: dict = {}
+        exec(compile(task_code(size, "cpu"), f"<task {size}>", "exec"), scope)
+        init = scope["get_init_inputs"]()
+        models = {"eager": scope["Model"](*init), "kernel": kernel_scope["ModelNew"](*init)}
+        one = scope["get_inputs"]()
+        per_set = sum(t.numel() * t.element_size() for t in one)
+        pool = [[torch.randn_like(t) for t in one] for _ in range(max(4, -(-2 * cache // per_set) + 1))]
+        times: dict[str, list[float]] = {name: [] for name in models}
+        calls = {}
+        with torch.no_grad():
+            for name, model in models.items():
+                begin = time.perf_counter()
+                for args in pool:
+                    model(*args)
+                calls[name] = max(len(pool), int(MIN_LOOP_S / max((time.perf_counter() - begin) / len(pool), 1e-7)))
+            for _ in range(repeats):
+                for name, model in models.items():
+                    begin = time.perf_counter()
+                    for i in range(calls[name]):
+                        model(*pool[i % len(pool)])
+                    times[name].append(1000.0 * (time.perf_counter() - begin) / calls[name])
+        medians = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+        found[size] = {"eager_ms": min(times["eager"]), "kernel_ms": min(times["kernel"]),
+                       "median_ratio": medians["eager"] / medians["kernel"]}  # fmt: skip
+    return found
 
 
 def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = False) -> dict:
@@ -43,12 +104,11 @@ def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = Fals
     `cupti`: each model's first call runs under torch's profiler, as a profiled call does in the verifier (then
     CUPTI detached where TEARDOWN_CUPTI=1)."""
     import torch
-    from verify_cuda_solutions import solution
 
     from concur.verify.contestant import let_cupti_detach
 
     kernel_scope: dict = {}
-    exec(compile(solution(variant), f"<{variant}>", "exec"), kernel_scope)
+    exec(compile(solution_code(variant), f"<{variant}>", "exec"), kernel_scope)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     found = {}
     for size in sizes:
@@ -98,21 +158,29 @@ def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = Fals
 
 
 def verifier(
-    variants: list[str], sizes: list[str], mode: str, work: Path, cache: Path, bell=True, core="timed", traced=None
+    variants: list[str],
+    sizes: list[str],
+    mode: str,
+    work: Path,
+    cache: Path,
+    bell=True,
+    core="timed",
+    traced=None,
+    device: str = "cuda",
 ) -> dict:
     """The verifier's readings; `traced`: a dict given each candidate's trace and timing summary."""
-    from verify_cuda_solutions import solution
     from verify_frames import candidates_frame, tasks_frame
 
     from concur.verify import api, compile_frame, orchestrate, verify_frame
 
     orchestrate.DOORBELL, orchestrate.LAUNCH_CORE = bell, core  # the referees start again (their pool's key)
 
-    tasks = tasks_frame([(f"relu_add_{size}", task_code(size)) for size in sizes])
+    tasks = tasks_frame([(f"relu_add_{size}", task_code(size, device)) for size in sizes])
     candidates = candidates_frame(
-        [(f"{size}:{v}", f"relu_add_{size}", solution(v)) for size in sizes for v in variants]
+        [(f"{size}:{v}", f"relu_add_{size}", solution_code(v, device)) for size in sizes for v in variants]
     )
-    settings = {"device": "cuda", "mode": mode, "workers": 4, "timeout_s": 300, "build_cache": str(cache)}
+    workers = 4 if device == "cuda" else 1
+    settings = {"device": device, "mode": mode, "workers": workers, "timeout_s": 300, "build_cache": str(cache)}
     builds = compile_frame(candidates, settings, work / "compile", False)
     if traced is not None:
         api.TRACE_SINK = lambda cid, report: traced.__setitem__(
@@ -130,8 +198,9 @@ def verifier(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variants", type=lambda t: t.split(","), default=["fast", "fast_vec"])
-    parser.add_argument("--sizes", type=lambda t: t.split(","), default=["256x1024", "1024x1024", "4096x4096"])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--variants", type=lambda t: t.split(","))
+    parser.add_argument("--sizes", type=lambda t: t.split(","))
     parser.add_argument("--mode", default="hardened", choices=["hardened", "kernelbench"])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--doorbell", choices=["on", "off", "both"], default="on")
@@ -141,25 +210,43 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: the independent reading of one variant
     parser.add_argument("--attach-cupti", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    cpu = args.device == "cpu"
+    args.variants = args.variants or (["cpp"] if cpu else ["fast", "fast_vec"])
+    args.sizes = args.sizes or (["8x16", "64x256", "256x1024"] if cpu else ["256x1024", "1024x1024", "4096x4096"])
+    if cpu and (args.cupti or args.launch_core != "timed"):
+        parser.error("--cupti and --launch-core are for --device cuda")
     if args.one:
-        print(json.dumps(independent(args.one, args.sizes, args.repeats, args.attach_cupti)))
+        if cpu:
+            print(json.dumps(cpu_independent(args.one, args.sizes, args.repeats)))
+        else:
+            print(json.dumps(independent(args.one, args.sizes, args.repeats, args.attach_cupti)))
         return
     work = Path(tempfile.mkdtemp(prefix="concur-small-"))
-    readings = [("plain", [], "0")]
+    readings = [("plain", [], {"TEARDOWN_CUPTI": "0"})]
     if args.cupti:
         readings += [
-            ("plain, CUPTI attached", ["--attach-cupti"], "0"),
-            ("plain, CUPTI detached", ["--attach-cupti"], "1"),
+            ("plain, CUPTI attached", ["--attach-cupti"], {"TEARDOWN_CUPTI": "0"}),
+            ("plain, CUPTI detached", ["--attach-cupti"], {"TEARDOWN_CUPTI": "1"}),
         ]
+    if cpu:  # the plain loop's kernel built by the verifier's compiler; and by load_inline's own, where they differ
+        from concur.verify.compiling import real_compiler
+        from concur.verify.settings import resolve_host_compiler
+
+        chosen = real_compiler({"host_compiler": resolve_host_compiler("auto")})
+        readings[0][2]["CXX"] = chosen
+        default = os.environ.get("CXX") or "c++"
+        if Path(chosen).name != default:
+            readings.append((f"plain, built by {default}", [], {"CXX": default}))
     plain: dict[str, dict] = {label: {} for label, _, _ in readings}
     for v in args.variants:  # one at a time: two readings side by side on one GPU would slow each other
-        for label, extra, teardown in readings:
+        for n, (label, extra, env) in enumerate(readings):
             child = subprocess.run(
                 [sys.executable, __file__, "--one", v, "--sizes", ",".join(args.sizes), "--repeats", str(args.repeats)]
+                + ["--device", args.device]
                 + extra,
                 stdout=subprocess.PIPE,
                 text=True,
-                env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / f"ext-{v}"), TEARDOWN_CUPTI=teardown),
+                env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / f"ext-{v}-{n}"), **env),
                 check=True,
             )
             plain[label][v] = json.loads(child.stdout.strip().splitlines()[-1])
@@ -172,7 +259,15 @@ def main(argv: list[str] | None = None) -> None:
             label = f"verifier, doorbell {'on' if bell else 'off'}" + (f", core {core}" if len(holds) > 1 else "")
             traced = traces[label] = {} if args.trace else None
             judged[label] = verifier(
-                args.variants, args.sizes, args.mode, work / f"v-{bell}-{core}", work / "cache", bell, core, traced
+                args.variants,
+                args.sizes,
+                args.mode,
+                work / f"v-{bell}-{core}",
+                work / "cache",
+                bell,
+                core,
+                traced,
+                args.device,
             )
             print(json.dumps({"reading": label, **judged[label]}), flush=True)
             if args.trace:
