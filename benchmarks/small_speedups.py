@@ -59,70 +59,58 @@ def solution_code(variant: str, device: str = "cuda") -> str:
     return solution(variant)
 
 
-def cpu_independent(variant: str, sizes: list[str], repeats: int) -> dict:
-    """The CPU's plain reading: as `independent`, by the host clock, on every core (the verifier gives its one
-    worker all of them), over a pool larger than twice the last-level cache (at least 32 MB assumed)."""
+def loop_ms(model, pool: list, calls: int, cuda: bool) -> float:
+    """Milliseconds a call of `calls` back-to-back calls over `pool`: by CUDA events on a GPU, the host clock on
+    the CPU."""
     import time
 
     import torch
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    if cuda:
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    begin = time.perf_counter()
+    for i in range(calls):
+        model(*pool[i % len(pool)])
+    if not cuda:
+        return 1000.0 * (time.perf_counter() - begin) / calls
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = False, device: str = "cuda") -> dict:
+    """In this process: per size, the reference's and the kernel's quickest time per call (ms) by `loop_ms`, over
+    a pool of inputs larger than twice the cache in front of memory (a GPU's L2; the CPU's last level, at least
+    32 MB assumed); on the CPU on every core (the verifier gives its one worker all of them). `cupti`: each model's
+    first call runs under torch's profiler, as a profiled call does in the verifier (then CUPTI detached where
+    TEARDOWN_CUPTI=1)."""
+    import torch
+
+    from concur.verify.contestant import let_cupti_detach
+
+    cuda = device == "cuda"
     kernel_scope: dict = {}
-    exec(compile(solution_code(variant, "cpu"), f"<{variant}>", "exec"), kernel_scope)
-    cache = max(os.sysconf("SC_LEVEL3_CACHE_SIZE") if "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names else 0, 32 << 20)
+    exec(compile(solution_code(variant, device), f"<{variant}>", "exec"), kernel_scope)
+    if cuda:
+        cache = torch.cuda.get_device_properties(0).L2_cache_size
+    else:
+        torch.set_num_threads(os.cpu_count() or 1)
+        cache = max(os.sysconf("SC_LEVEL3_CACHE_SIZE") if "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names else 0, 32 << 20)
     found = {}
     for size in sizes:
         scope: dict = {}
-        exec(compile(task_code(size, "cpu"), f"<task {size}>", "exec"), scope)
+        exec(compile(task_code(size, device), f"<task {size}>", "exec"), scope)
         init = scope["get_init_inputs"]()
-        models = {"eager": scope["Model"](*init), "kernel": kernel_scope["ModelNew"](*init)}
-        one = scope["get_inputs"]()
+        models = {"eager": scope["Model"](*init).to(device), "kernel": kernel_scope["ModelNew"](*init).to(device)}
+        one = [t.to(device) for t in scope["get_inputs"]()]
         per_set = sum(t.numel() * t.element_size() for t in one)
         pool = [[torch.randn_like(t) for t in one] for _ in range(max(4, -(-2 * cache // per_set) + 1))]
         times: dict[str, list[float]] = {name: [] for name in models}
         calls = {}
         with torch.no_grad():
-            for name, model in models.items():
-                begin = time.perf_counter()
-                for args in pool:
-                    model(*args)
-                calls[name] = max(len(pool), int(MIN_LOOP_S / max((time.perf_counter() - begin) / len(pool), 1e-7)))
-            for _ in range(repeats):
-                for name, model in models.items():
-                    begin = time.perf_counter()
-                    for i in range(calls[name]):
-                        model(*pool[i % len(pool)])
-                    times[name].append(1000.0 * (time.perf_counter() - begin) / calls[name])
-        medians = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
-        found[size] = {"eager_ms": min(times["eager"]), "kernel_ms": min(times["kernel"]),
-                       "median_ratio": medians["eager"] / medians["kernel"]}  # fmt: skip
-    return found
-
-
-def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = False) -> dict:
-    """In this process: per size, the reference's and the kernel's quickest time per call (ms) by CUDA events.
-    `cupti`: each model's first call runs under torch's profiler, as a profiled call does in the verifier (then
-    CUPTI detached where TEARDOWN_CUPTI=1)."""
-    import torch
-
-    from concur.verify.contestant import let_cupti_detach
-
-    kernel_scope: dict = {}
-    exec(compile(solution_code(variant), f"<{variant}>", "exec"), kernel_scope)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    found = {}
-    for size in sizes:
-        scope: dict = {}
-        exec(compile(task_code(size), f"<task {size}>", "exec"), scope)
-        init = scope["get_init_inputs"]()
-        models = {"eager": scope["Model"](*init).cuda(), "kernel": kernel_scope["ModelNew"](*init).cuda()}
-        one = [t.cuda() for t in scope["get_inputs"]()]
-        per_set = sum(t.numel() * t.element_size() for t in one)
-        pool = [[torch.randn_like(t) for t in one] for _ in range(max(4, -(-2 * l2 // per_set) + 1))]
-        times: dict[str, list[float]] = {name: [] for name in models}
-        calls = {}
-        with torch.no_grad():
-            if cupti:
+            if cupti and cuda:
                 for model in models.values():
                     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                         model(*pool[0])
@@ -130,27 +118,12 @@ def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = Fals
                     if os.environ.get("TEARDOWN_CUPTI") == "1":
                         let_cupti_detach(prof)
             for name, model in models.items():  # warm, and how many calls make a loop of MIN_LOOP_S
-                for args in pool:
-                    model(*args)
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for args in pool:
-                    model(*args)
-                end.record()
-                end.synchronize()
-                per_call = start.elapsed_time(end) / len(pool) / 1000.0
-                calls[name] = max(len(pool), int(MIN_LOOP_S / max(per_call, 1e-7)))
+                loop_ms(model, pool, len(pool), cuda)
+                per_call_s = loop_ms(model, pool, len(pool), cuda) / 1000.0
+                calls[name] = max(len(pool), int(MIN_LOOP_S / max(per_call_s, 1e-7)))
             for _ in range(repeats):
                 for name, model in models.items():
-                    torch.cuda.synchronize()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for i in range(calls[name]):
-                        model(*pool[i % len(pool)])
-                    end.record()
-                    end.synchronize()
-                    times[name].append(start.elapsed_time(end) / calls[name])
+                    times[name].append(loop_ms(model, pool, calls[name], cuda))
         medians = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
         found[size] = {"eager_ms": min(times["eager"]), "kernel_ms": min(times["kernel"]),
                        "median_ratio": medians["eager"] / medians["kernel"]}  # fmt: skip
@@ -216,10 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     if cpu and (args.cupti or args.launch_core != "timed"):
         parser.error("--cupti and --launch-core are for --device cuda")
     if args.one:
-        if cpu:
-            print(json.dumps(cpu_independent(args.one, args.sizes, args.repeats)))
-        else:
-            print(json.dumps(independent(args.one, args.sizes, args.repeats, args.attach_cupti)))
+        print(json.dumps(independent(args.one, args.sizes, args.repeats, args.attach_cupti, args.device)))
         return
     work = Path(tempfile.mkdtemp(prefix="concur-small-"))
     readings = [("plain", [], {"TEARDOWN_CUPTI": "0"})]
