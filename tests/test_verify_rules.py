@@ -1125,16 +1125,21 @@ def test_a_device_busy_past_the_drain_is_blamed_on_whoever_left_the_work(left_by
 
     class Side:
         def __init__(self, pid):
-            self.pid, self.killed = pid, False
+            self.pid, self.killed, self.ended = pid, False, False
 
         def kill(self):
             self.killed = True
 
+        def end(self):
+            self.ended = True
+
     reference, candidate = Side(1), Side(2)
     referee = Referee.__new__(Referee)
-    referee.device, referee.clean_probe_ms = "cuda", 0.2
+    referee.device, referee.clean_probe_ms, referee.ending = "cuda", 0.2, []
     referee.judged, referee.task = [reference, candidate], SimpleNamespace(runner=reference)
-    referee.zygote = SimpleNamespace(wait=lambda pid, timeout: None)
+    leftovers = []  # what the zygote cleared: a settled candidate's tree
+    referee.zygote = SimpleNamespace(clear_leftovers=lambda: leftovers.append("cleared") or [])
+    referee.guard = lambda: None
     busy = {"none": lambda: False, "candidate": lambda: not candidate.killed, "another process": lambda: True}
     referee.probe = lambda: 5.0 if busy[left_by]() else 0.01
     referee.release = lambda held: None
@@ -1152,5 +1157,6 @@ def test_a_device_busy_past_the_drain_is_blamed_on_whoever_left_the_work(left_by
             with referee.alone(candidate, 0.05):
                 pass
         assert failed.value.kind == "referee" and "another process" in failed.value.detail
-    assert candidate.killed == (left_by != "none") and not reference.killed
+    assert candidate.killed == candidate.ended == (left_by != "none") and not reference.killed
+    assert leftovers == ([] if left_by == "none" else ["cleared"])
     assert stopped == ([1] if left_by == "another process" else [2])

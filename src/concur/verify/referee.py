@@ -371,15 +371,14 @@ class Referee:
             self.release(held)
 
     def blame(self, limit_s: float) -> NoReturn:
-        """Whose work kept the device busy past the drain's limit: every judged candidate is killed (a process's
-        context, and the work queued in it, goes with it) and the device drained again. Clean now, the work was the
-        candidate's: DeviceBusy, a failure of its timing. Still busy, it is another process's on this GPU:
-        RunnerFailed("referee"), the verifier's own failure (verdict `verifier: …`), never the candidate's."""
-        candidates = [r for r in self.judged if self.task is None or r is not self.task.runner]
-        for candidate in candidates:
-            candidate.kill()
-        for candidate in candidates:
-            self.zygote.wait(candidate.pid, 30.0)
+        """Whose work kept the device busy past the drain's limit: every judged candidate is dismissed and settled
+        (killed, waited for, and whatever its tree left behind killed too: a process's context, and the work queued
+        in it, goes with it) and the device drained again. Clean now, the work was the candidate's: DeviceBusy, a
+        failure of its timing. Still busy, it is another process's on this GPU: RunnerFailed("referee"), the
+        verifier's own failure (verdict `verifier: …`), never the candidate's."""
+        for candidate in [r for r in self.judged if self.task is None or r is not self.task.runner]:
+            self.dismiss(candidate)
+        self.settle()
         try:
             self.drain(limit_s)
         except DeviceBusy:
