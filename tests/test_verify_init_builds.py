@@ -247,9 +247,56 @@ def test_models_are_made_on_meta_tensors_whatever_device_they_name(tmp_path):
             assert {p.device.type for p in self.parameters()} == {"meta"}
             assert (self.d.device.type, self.d.dtype) == ("meta", torch.float16)
 
-    loader = build.ExtensionLoader(str(tmp_path), allow_build=False)
+    loader = build.ExtensionLoader(str(tmp_path), allow_build=False, blockable=True)
     assert build.make_model(Huge, [100_000], loader) is None
     assert loader.blocked is None
+
+
+def _extension():
+    """A stand-in for a built extension: a module whose exported functions are builtins, as pybind11's are."""
+    import types
+
+    module = types.ModuleType("ext")
+    module.relu = torch.relu
+    return module
+
+
+def test_a_contestant_counts_extension_calls_without_a_python_frame(tmp_path):
+    import sys
+
+    loader = build.ExtensionLoader(str(tmp_path), allow_build=False)
+    ext = loader._counting(_extension())
+
+    class Held(torch.nn.Module):  # the function kept on the class: called through an instance, it is not bound
+        relu = ext.relu
+
+        def forward(self, x):
+            return self.relu(x) + ext.relu(x)
+
+    x, held, seen = torch.tensor([-1.0, 2.0]), Held(), []
+    sys.setprofile(lambda frame, event, arg: seen.append((event, frame.f_code.co_name)))
+    try:
+        out = held(x)
+    finally:
+        sys.setprofile(None)
+    assert out.tolist() == [0.0, 4.0]
+    assert loader.kernel_calls == 2
+    # the honest kernel's calls cost no more than the extension's own: no Python frame between forward and relu
+    module_call = {"_wrapped_call_impl", "_call_impl"}
+    assert [name for event, name in seen if event == "call" and name not in module_call] == ["forward"]
+    ext.relu.__wrapped__.cache_clear()  # a candidate that resets the counter reads as fewer calls, never more
+    assert loader.kernel_calls == 0
+
+
+def test_the_compile_steps_loader_blocks_extension_calls(tmp_path):
+    loader = build.ExtensionLoader(str(tmp_path), allow_build=True, blockable=True)
+    ext = loader._counting(_extension())
+    assert ext.relu(torch.tensor([-1.0])).tolist() == [0.0] and loader.kernel_calls == 1
+    loader.blocked = "not here"
+    with pytest.raises(build.ExtensionCallBlocked, match="relu: not here"):
+        ext.relu(torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="blockable"):
+        build.make_model(torch.nn.Identity, [], build.ExtensionLoader(str(tmp_path), allow_build=False))
 
 
 @pytest.mark.gpu

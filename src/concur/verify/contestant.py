@@ -219,7 +219,7 @@ class Contestant:
         seeds = msg.get("seeds") or [None] * len(prepared)
         self.taken, bar = [], self.bar(len(prepared))
         events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.device.type == "cuda" else []
-        own = {"received_at": self.received_at}
+        own, tensor = {"received_at": self.received_at}, torch.Tensor
         try:
             begin = own["begin_at"] = time.perf_counter()
             if events:
@@ -228,7 +228,8 @@ class Contestant:
                 for args, seed in zip(prepared, seeds):
                     if seed is not None:
                         torch.manual_seed(int(seed))
-                    produced = leaves(model(*args))
+                    out = model(*args)
+                    produced = [out] if type(out) is tensor else leaves(out)  # no call for the usual single tensor
                     self.pending.append(produced)
                     if self.taking and (bar is None or os.urandom(4) < bar):
                         self.take(len(self.pending) - 1, produced)
@@ -286,7 +287,8 @@ class Contestant:
                 reply["own_clock"]["events_ms"] = events[0].elapsed_time(events[1])
         except RuntimeError:
             pass
-        calls = (self.loader.kernel_calls if self.loader else 0) - calls_before
+        # never below 0: a counter the candidate reset (cache_clear) reads as no call, not as calls
+        calls = max(0, (self.loader.kernel_calls if self.loader else 0) - calls_before)
         taken = [[c, j, where.tolist(), exchange.hex_bytes(seen)] for c, j, where, seen in self.taken]
         self.taken = []
         outs = [[leaf_meta(leaf) for leaf in call] for call in produced]
