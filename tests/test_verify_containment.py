@@ -441,6 +441,57 @@ def test_a_contestant_reads_only_its_own_build(tmp_path):
     assert (folder / "cache" / "entry").read_text() == "moved"
 
 
+@pytest.mark.skipif(not LANDLOCK, reason="needs Landlock")
+def test_a_confined_process_reaches_only_its_own_and_nvidias_unix_sockets(tmp_path, monkeypatch):
+    """Named Unix sockets: a confined process connects to one in its own folder, to one it made, and to NVIDIA's
+    services (the MPS daemon's pipe folder); from Landlock ABI 9 (Linux 7.1) not to one elsewhere (an ssh agent,
+    munge, a container daemon: their users' rights to spend). Below ABI 9 Landlock cannot refuse that one: asserted
+    as reachable, the limit docs/verifier.md names."""
+    import socket
+
+    own, outside, mps = (tmp_path / name for name in ("own", "out", "mps"))
+    listening = []
+    for folder in (own, outside, mps):
+        folder.mkdir()
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(folder / "s"))
+        server.listen(4)
+        listening.append(server)
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(mps))
+    assert sandbox._handled_fs(9) & sandbox._RESOLVE_UNIX and not sandbox._handled_fs(8) & sandbox._RESOLVE_UNIX
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.close(read)
+            sandbox.confine([str(own)], [], [], devices=[])
+            made = socket.socket(socket.AF_UNIX)
+            made.bind(str(own / "made"))
+            made.listen(1)
+            reached = {}
+            for name, path in (("own", own / "s"), ("made", own / "made"), ("mps", mps / "s"), ("out", outside / "s")):
+                with socket.socket(socket.AF_UNIX) as client:
+                    try:
+                        client.connect(str(path))
+                        reached[name] = "connected"
+                    except OSError as error:
+                        reached[name] = type(error).__name__
+            os.write(write, json.dumps(reached).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        reached = json.loads(pipe.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    for server in listening:
+        server.close()
+    assert os.waitstatus_to_exitcode(status) == 0
+    refused = "PermissionError" if sandbox.landlock_abi() >= 9 else "connected"
+    assert reached == {"own": "connected", "made": "connected", "mps": "connected", "out": refused}, reached
+
+
 HELPERS = """
 import os, signal, sys, time
 def burn(seconds):

@@ -3,7 +3,8 @@
 Landlock (Linux ≥ 5.13, unprivileged, root included) is the boundary: the process may write only its own folders;
 it may read everything except the verifier's work and cache trees (other candidates' folders, verdict tables),
 where it reads only what it is given; it cannot open TCP connections, signal or ptrace processes outside its
-sandbox (the referee, the job), open their memory or descriptors under /proc, or connect to their abstract sockets.
+sandbox (the referee, the job), open their memory or descriptors under /proc, or connect to their abstract sockets,
+nor (ABI 9) to named Unix sockets outside its own folders and NVIDIA's (`socket_folders`).
 (Their /proc/<pid>/environ stays readable: the trusted processes are started with a scrubbed environment.) Where
 Landlock is missing the process still runs, limited by rlimits only, and its verdict says so (`sandbox:none`).
 Stdlib only: it runs in the forked child before anything else.
@@ -28,7 +29,7 @@ _RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
 # filesystem rights by the ABI version that introduced them
 _EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 _DIR_WRITES = sum(1 << b for b in range(4, 13))  # remove dir/file, make char/dir/reg/sock/fifo/block/sym
-_REFER, _TRUNCATE, _IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+_REFER, _TRUNCATE, _IOCTL_DEV, _RESOLVE_UNIX = 1 << 13, 1 << 14, 1 << 15, 1 << 16
 _FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE | _IOCTL_DEV
 _NET_ALL = (1 << 0) | (1 << 1)  # bind and connect TCP
 _SCOPE_ALL = (1 << 0) | (1 << 1)  # abstract unix sockets and signals
@@ -43,6 +44,9 @@ DEVICE_FILES = (
     "/dev/nvidia-uvm-tools",
     "/dev/nvidia-modeset",
 )
+# where NVIDIA's services listen on named Unix sockets a CUDA client may connect to: the MPS control daemon's pipe
+# folder (CUDA_MPS_PIPE_DIRECTORY, else its default) and nvidia-persistenced
+NVIDIA_SOCKET_FOLDERS = ("/tmp/nvidia-mps", "/run/nvidia-persistenced", "/var/run/nvidia-persistenced")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -111,6 +115,8 @@ def _handled_fs(abi: int) -> int:
         rights |= _TRUNCATE
     if abi >= 5:
         rights |= _IOCTL_DEV
+    if abi >= 9:
+        rights |= _RESOLVE_UNIX  # connect/sendmsg to a named Unix socket (Linux 7.1)
     return rights
 
 
@@ -176,8 +182,17 @@ def confine(
     # CUDA's initialisation names its threads through /proc/self/task/<tid>/comm: the process's own threads only
     grants += [(path, handled) for path in [*write, "/proc/self/task"]]
     grants += [(path, _READ_FILE | _WRITE_FILE | _IOCTL_DEV) for path in [*DEVICE_FILES, *devices]]
+    grants += [(path, _RESOLVE_UNIX) for path in socket_folders()]
     _restrict(attr, size, handled, grants)
     return "landlock"
+
+
+def socket_folders() -> list[str]:
+    """The folders outside its own where a confined process may connect to named Unix sockets (from Landlock ABI
+    9; below it, to any the user may): NVIDIA's services' only. Sockets in its own folders, and any it made itself,
+    stay reachable; a service the user runs elsewhere (an ssh agent, munge, a container daemon) does not."""
+    mps = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    return [*NVIDIA_SOCKET_FOLDERS, *([mps] if mps else [])]
 
 
 def confine_reads(read: list[str], around: list[str], write: list[str] = ()) -> bool:
