@@ -492,6 +492,72 @@ def test_a_confined_process_reaches_only_its_own_and_nvidias_unix_sockets(tmp_pa
     assert reached == {"own": "connected", "made": "connected", "mps": "connected", "out": refused}, reached
 
 
+def test_where_landlock_cannot_refuse_tcp_the_tree_filter_does(tmp_path):
+    """Below Landlock ABI 4 (and without Landlock) each sandboxed child's seccomp filter refuses TCP sockets, IPv4
+    and IPv6, whatever flags they carry, and io_uring (whose operations open sockets past any filter); datagram and
+    Unix sockets, socketpairs, threads and fork still work, and clone with CLONE_PARENT is still refused."""
+    import ctypes
+    import errno
+    import socket
+    import threading
+
+    machine = os.uname().machine
+    if machine not in ("x86_64", "aarch64") or not SECCOMP:
+        pytest.skip("no seccomp filter here")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.close(read)
+            assert sandbox.stay_in_tree(no_tcp=True)
+            libc = ctypes.CDLL(None, use_errno=True)
+            got = {}
+
+            def attempt(name, make):
+                try:
+                    make().close()
+                    got[name] = "ok"
+                except OSError as error:
+                    got[name] = errno.errorcode.get(error.errno, str(error.errno))
+
+            attempt("tcp", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            attempt("tcp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM | socket.SOCK_CLOEXEC))
+            attempt("tcp_nonblocking", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK))
+            attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+            attempt("unix", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+            attempt("pair", lambda: socket.socketpair()[0])
+            params = (ctypes.c_uint32 * 30)()  # struct io_uring_params, zeroed
+            got["io_uring"] = (
+                "ok" if libc.syscall(425, 4, ctypes.byref(params)) >= 0 else errno.errorcode[ctypes.get_errno()]
+            )
+            clone = {"x86_64": 56, "aarch64": 220}[machine]
+            returned = libc.syscall(clone, 0x8000 | 17, 0, 0, 0, 0)  # CLONE_PARENT | SIGCHLD
+            if returned == 0:
+                os._exit(0)  # escaped: the parent reads "ok" below
+            got["clone_parent"] = "ok" if returned > 0 else errno.errorcode[ctypes.get_errno()]
+            thread = threading.Thread(target=lambda: got.__setitem__("thread", "ok"))
+            thread.start()
+            thread.join()
+            child = os.fork()
+            if child == 0:
+                os._exit(7)
+            got["fork"] = "ok" if os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 7 else "no"
+            os.write(write, json.dumps(got).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        got = json.loads(pipe.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, got
+    assert got == {
+        "tcp": "EACCES", "tcp6": "EACCES", "tcp_nonblocking": "EACCES", "udp": "ok", "unix": "ok", "pair": "ok",
+        "io_uring": "EPERM", "clone_parent": "EPERM", "thread": "ok", "fork": "ok",
+    }, got  # fmt: skip
+
+
 HELPERS = """
 import os, signal, sys, time
 def burn(seconds):

@@ -229,7 +229,7 @@ def start_child(spec: dict, sock: socket.socket) -> int:
     sandbox.become_subreaper()  # whatever its descendants orphan stays in its tree, to be counted and killed with it
     confined = "off"
     if spec.get("sandbox") is not None:
-        sandbox.stay_in_tree()
+        sandbox.stay_in_tree(no_tcp=sandbox.landlock_abi() < 4)  # where Landlock cannot refuse TCP itself
         sandbox.keep_scheduling()
         box = spec["sandbox"]
         box["around"] = sandbox.readable_around(box["hidden"])  # kept for a later layer (contestant.own_build)
