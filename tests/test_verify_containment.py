@@ -441,6 +441,26 @@ def test_a_contestant_reads_only_its_own_build(tmp_path):
     assert (folder / "cache" / "entry").read_text() == "moved"
 
 
+def in_a_child(probe) -> dict:
+    """Run `probe` in a forked child (what it installs or confines stays there) and return the dict it returns."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.close(read)
+            os.write(write, json.dumps(probe()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        found = json.loads(pipe.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, found
+    return found
+
+
 @pytest.mark.skipif(not LANDLOCK, reason="needs Landlock")
 def test_a_confined_process_reaches_only_its_own_and_nvidias_unix_sockets(tmp_path, monkeypatch):
     """Named Unix sockets: a confined process connects to one in its own folder, to one it made, and to NVIDIA's
@@ -459,35 +479,25 @@ def test_a_confined_process_reaches_only_its_own_and_nvidias_unix_sockets(tmp_pa
         listening.append(server)
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(mps))
     assert sandbox._handled_fs(9) & sandbox._RESOLVE_UNIX and not sandbox._handled_fs(8) & sandbox._RESOLVE_UNIX
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 99
-        try:
-            os.close(read)
-            sandbox.confine([str(own)], [], [], devices=[])
-            made = socket.socket(socket.AF_UNIX)
-            made.bind(str(own / "made"))
-            made.listen(1)
-            reached = {}
-            for name, path in (("own", own / "s"), ("made", own / "made"), ("mps", mps / "s"), ("out", outside / "s")):
-                with socket.socket(socket.AF_UNIX) as client:
-                    try:
-                        client.connect(str(path))
-                        reached[name] = "connected"
-                    except OSError as error:
-                        reached[name] = type(error).__name__
-            os.write(write, json.dumps(reached).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        reached = json.loads(pipe.read() or "{}")
-    _, status = os.waitpid(pid, 0)
+
+    def probe():
+        sandbox.confine([str(own)], [], [], devices=[])
+        made = socket.socket(socket.AF_UNIX)
+        made.bind(str(own / "made"))
+        made.listen(1)
+        reached = {}
+        for name, path in (("own", own / "s"), ("made", own / "made"), ("mps", mps / "s"), ("out", outside / "s")):
+            with socket.socket(socket.AF_UNIX) as client:
+                try:
+                    client.connect(str(path))
+                    reached[name] = "connected"
+                except OSError as error:
+                    reached[name] = type(error).__name__
+        return reached
+
+    reached = in_a_child(probe)
     for server in listening:
         server.close()
-    assert os.waitstatus_to_exitcode(status) == 0
     refused = "PermissionError" if sandbox.landlock_abi() >= 9 else "connected"
     assert reached == {"own": "connected", "made": "connected", "mps": "connected", "out": refused}, reached
 
@@ -504,54 +514,43 @@ def test_where_landlock_cannot_refuse_tcp_the_tree_filter_does(tmp_path):
     machine = os.uname().machine
     if machine not in ("x86_64", "aarch64") or not SECCOMP:
         pytest.skip("no seccomp filter here")
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 99
-        try:
-            os.close(read)
-            assert sandbox.stay_in_tree(no_tcp=True)
-            libc = ctypes.CDLL(None, use_errno=True)
-            got = {}
 
-            def attempt(name, make):
-                try:
-                    make().close()
-                    got[name] = "ok"
-                except OSError as error:
-                    got[name] = errno.errorcode.get(error.errno, str(error.errno))
+    def probe():
+        assert sandbox.stay_in_tree(no_tcp=True)
+        libc = ctypes.CDLL(None, use_errno=True)
+        got = {}
 
-            attempt("tcp", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            attempt("tcp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM | socket.SOCK_CLOEXEC))
-            attempt("tcp_nonblocking", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK))
-            attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
-            attempt("unix", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
-            attempt("pair", lambda: socket.socketpair()[0])
-            params = (ctypes.c_uint32 * 30)()  # struct io_uring_params, zeroed
-            got["io_uring"] = (
-                "ok" if libc.syscall(425, 4, ctypes.byref(params)) >= 0 else errno.errorcode[ctypes.get_errno()]
-            )
-            clone = {"x86_64": 56, "aarch64": 220}[machine]
-            returned = libc.syscall(clone, 0x8000 | 17, 0, 0, 0, 0)  # CLONE_PARENT | SIGCHLD
-            if returned == 0:
-                os._exit(0)  # escaped: the parent reads "ok" below
-            got["clone_parent"] = "ok" if returned > 0 else errno.errorcode[ctypes.get_errno()]
-            thread = threading.Thread(target=lambda: got.__setitem__("thread", "ok"))
-            thread.start()
-            thread.join()
-            child = os.fork()
-            if child == 0:
-                os._exit(7)
-            got["fork"] = "ok" if os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 7 else "no"
-            os.write(write, json.dumps(got).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        got = json.loads(pipe.read() or "{}")
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, got
+        def attempt(name, make):
+            try:
+                make().close()
+                got[name] = "ok"
+            except OSError as error:
+                got[name] = errno.errorcode.get(error.errno, str(error.errno))
+
+        attempt("tcp", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+        attempt("tcp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM | socket.SOCK_CLOEXEC))
+        attempt("tcp_nonblocking", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK))
+        attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        attempt("unix", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        attempt("pair", lambda: socket.socketpair()[0])
+        params = (ctypes.c_uint32 * 30)()  # struct io_uring_params, zeroed
+        ring = libc.syscall(425, 4, ctypes.byref(params))  # io_uring_setup, the same number on both
+        got["io_uring"] = "ok" if ring >= 0 else errno.errorcode[ctypes.get_errno()]
+        clone = {"x86_64": 56, "aarch64": 220}[machine]
+        returned = libc.syscall(clone, 0x8000 | 17, 0, 0, 0, 0)  # CLONE_PARENT | SIGCHLD
+        if returned == 0:
+            os._exit(0)  # escaped: the child reads "ok" below
+        got["clone_parent"] = "ok" if returned > 0 else errno.errorcode[ctypes.get_errno()]
+        thread = threading.Thread(target=lambda: got.__setitem__("thread", "ok"))
+        thread.start()
+        thread.join()
+        child = os.fork()
+        if child == 0:
+            os._exit(7)
+        got["fork"] = "ok" if os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 7 else "no"
+        return got
+
+    got = in_a_child(probe)
     assert got == {
         "tcp": "EACCES", "tcp6": "EACCES", "tcp_nonblocking": "EACCES", "udp": "ok", "unix": "ok", "pair": "ok",
         "io_uring": "EPERM", "clone_parent": "EPERM", "thread": "ok", "fork": "ok",
