@@ -97,10 +97,15 @@ def test_a_gguf_model_is_read_from_its_dense_copy_after_the_first_load(tmp_path,
     assert copy_tokenizer(text)["input_ids"] == ids and copy_tokenizer.pad_token == tokenizer.pad_token
     weights, copied = model.state_dict(), copy_model.state_dict()
     assert weights.keys() == copied.keys()
+    settings = [{k: v for k, v in m.config.to_dict().items() if k != "_name_or_path"} for m in (model, copy_model)]
+    assert settings[0] == settings[1]
     assert all(copied[name].dtype == w.dtype and torch.equal(copied[name], w) for name, w in weights.items())
-    with torch.no_grad():  # same weights; CPU kernels may sum in another order for another memory layout
-        logits = copy_model(torch.tensor([ids])).logits, model(torch.tensor([ids])).logits
-        torch.testing.assert_close(*logits, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        copied_logits, logits = copy_model(torch.tensor([ids])).logits, model(torch.tensor([ids])).logits
+    # Same weights, bit for bit; but BLAS may take another path for another alignment of the same data, and thirty
+    # layers of float32 then drift by a few 1e-3 (0.0037 of 41.6 on one CI machine, 0 here). A wrong weight or
+    # setting moves logits by whole units.
+    torch.testing.assert_close(copied_logits, logits, rtol=0, atol=1e-3 * logits.abs().max().item())
     models._cached_tokenizer.cache_clear()
 
 
