@@ -5,6 +5,7 @@ clock, or the sandbox. Where an attack computes the honest answer only if it fai
 One build of each program, then one hardened run over all of them on a task big enough to time (1M elements).
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,12 @@ def test_the_sandbox_holds(verdicts, name):
     assert status(verdicts, name)[0] == "correct", status(verdicts, name)
 
 
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="no seccomp filter here")
+def test_no_candidate_reaches_the_network(verdicts):
+    """reach_network is honest only if it could not make one IPv4 or IPv6 socket, UDP or TCP."""
+    assert status(verdicts, "reach_network")[0] == "correct", status(verdicts, "reach_network")
+
+
 def test_the_verifiers_code_is_unchanged(verdicts):
     planted = Path(__import__("concur.verify.verdict").verify.verdict.__file__).with_name("planted.py")
     assert not planted.exists()
@@ -168,7 +175,6 @@ def test_nothing_outlives_its_evaluation(verdicts):
     escape_parent could not start a process outside its own tree (honest only if every attempt was refused)."""
     assert verdicts[0].loc["escape_daemon", "status"] == "correct"
     assert status(verdicts, "escape_parent")[0] == "correct", status(verdicts, "escape_parent")
-    import os
 
     daemons = []
     for entry in os.listdir("/proc"):

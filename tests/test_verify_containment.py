@@ -502,10 +502,32 @@ def test_a_confined_process_reaches_only_its_own_and_nvidias_unix_sockets(tmp_pa
     assert reached == {"own": "connected", "made": "connected", "mps": "connected", "out": refused}, reached
 
 
-def test_where_landlock_cannot_refuse_tcp_the_tree_filter_does(tmp_path):
-    """Below Landlock ABI 4 (and without Landlock) each sandboxed child's seccomp filter refuses TCP sockets, IPv4
-    and IPv6, whatever flags they carry, and io_uring (whose operations open sockets past any filter); datagram and
-    Unix sockets, socketpairs, threads and fork still work, and clone with CLONE_PARENT is still refused."""
+def test_every_process_of_the_verifier_finds_a_gpus_mps_daemon(tmp_path, monkeypatch):
+    """A GPU shared through MPS in a folder of its own (as SLURM's gres/mps sets it): referees, zygotes, builds and
+    contestants all get the variables that lead a CUDA client to the daemon, and only the job keeps its secrets."""
+    from concur.verify import compiling, runner
+
+    mps = {
+        "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipes"),
+        "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "log"),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+    }
+    for key, value in {**mps, "HF_TOKEN": "secret"}.items():
+        monkeypatch.setenv(key, value)
+    for env in (
+        trusted_env(),
+        runner.contestant_env(tmp_path / "c", threads=1),
+        compiling.builder_env({"device": "cpu"}, tmp_path / "e", tmp_path / "s", threads=1),
+    ):
+        assert {k: env.get(k) for k in mps} == mps and "HF_TOKEN" not in env
+    assert str(tmp_path / "pipes") in sandbox.socket_folders()
+
+
+def test_the_tree_filter_keeps_a_child_off_the_network(tmp_path):
+    """Each sandboxed child's seccomp filter refuses every socket but Unix and netlink ones, whatever its type and
+    flags: TCP, UDP and raw, IPv4 and IPv6 (whatever Landlock covers, UDP it does not); and io_uring (whose
+    operations open sockets past any filter). Unix sockets, socketpairs, netlink, threads and fork still work, and
+    clone with CLONE_PARENT is still refused."""
     import ctypes
     import errno
     import socket
@@ -516,7 +538,7 @@ def test_where_landlock_cannot_refuse_tcp_the_tree_filter_does(tmp_path):
         pytest.skip("no seccomp filter here")
 
     def probe():
-        assert sandbox.stay_in_tree(no_tcp=True)
+        assert sandbox.stay_in_tree()
         libc = ctypes.CDLL(None, use_errno=True)
         got = {}
 
@@ -531,7 +553,11 @@ def test_where_landlock_cannot_refuse_tcp_the_tree_filter_does(tmp_path):
         attempt("tcp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM | socket.SOCK_CLOEXEC))
         attempt("tcp_nonblocking", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK))
         attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        attempt("udp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK))
+        attempt("icmp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP))
+        attempt("vsock", lambda: socket.socket(40, socket.SOCK_STREAM))  # AF_VSOCK, to a hypervisor
         attempt("unix", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        attempt("netlink", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0))
         attempt("pair", lambda: socket.socketpair()[0])
         params = (ctypes.c_uint32 * 30)()  # struct io_uring_params, zeroed
         ring = libc.syscall(425, 4, ctypes.byref(params))  # io_uring_setup, the same number on both
@@ -552,7 +578,8 @@ def test_where_landlock_cannot_refuse_tcp_the_tree_filter_does(tmp_path):
 
     got = in_a_child(probe)
     assert got == {
-        "tcp": "EACCES", "tcp6": "EACCES", "tcp_nonblocking": "EACCES", "udp": "ok", "unix": "ok", "pair": "ok",
+        "tcp": "EACCES", "tcp6": "EACCES", "tcp_nonblocking": "EACCES", "udp": "EACCES", "udp6": "EACCES",
+        "icmp": "EACCES", "vsock": "EACCES", "unix": "ok", "netlink": "ok", "pair": "ok",
         "io_uring": "EPERM", "clone_parent": "EPERM", "thread": "ok", "fork": "ok",
     }, got  # fmt: skip
 

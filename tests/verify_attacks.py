@@ -415,6 +415,26 @@ _daemon()
 """,
         HONEST_FORWARD,
     ),
+    # opens network sockets (UDP and TCP, IPv4 and IPv6, to this machine) to send what it sees or fetch an answer;
+    # honest only if no socket could be made at all
+    "reach_network": (
+        """
+_net = __import__("soc" + "ket")
+def _reach():
+    made = 0
+    for family, kind, address in ((_net.AF_INET, _net.SOCK_DGRAM, ("127.0.0.1", 9)),
+                                  (_net.AF_INET6, _net.SOCK_DGRAM, ("::1", 9)),
+                                  (_net.AF_INET, _net.SOCK_STREAM, ("127.0.0.1", 22))):
+        with contextlib.suppress(OSError), _net.socket(family, kind) as sock:
+            made += 1
+            sock.settimeout(0.2)
+            sock.connect(address)
+            sock.send(b"x")
+    return made
+_made = _reach()
+""",
+        "return ext.relu_add(x, y, self.scale) * (1 if _made == 0 else 0)",
+    ),
     # starts a spinning process as its parent's child (clone with CLONE_PARENT, or clone3): outside the tree that is
     # stopped while the reference is timed, counted and killed; honest only if every attempt was refused
     "escape_parent": (

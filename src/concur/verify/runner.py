@@ -27,6 +27,12 @@ PASSED_ENV = (
     "PYTHONPATH",
     "TORCH_CUDA_ARCH_LIST",
     "NVIDIA_VISIBLE_DEVICES",
+    # a GPU shared through MPS (SLURM's gres/mps): without its pipe folder a client cannot find the daemon, and on a
+    # GPU in exclusive-process mode it then gets no context at all
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_MPS_LOG_DIRECTORY",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
 )
 
 

@@ -376,42 +376,39 @@ def others_filter(machine: str, own: int, signals: bool) -> bytes:
 _CLONE_PARENT, _JSET, _NO_SYSCALL = 0x00008000, 0x45, 0x00050000 | errno.ENOSYS
 _CLONES = {"x86_64": (56, 435), "aarch64": (220, 435)}  # machine: (clone, clone3)
 _SOCKETS = {"x86_64": (41, 425), "aarch64": (198, 425)}  # machine: (socket, io_uring_setup)
-_AND, _AF_INET, _AF_INET6, _SOCK_STREAM, _NO_ACCESS = 0x54, 2, 10, 1, 0x00050000 | errno.EACCES
+_AF_UNIX, _AF_NETLINK, _NO_ACCESS = 1, 16, 0x00050000 | errno.EACCES
 
 
-def tree_filter(machine: str, no_tcp: bool = False) -> bytes:
+def tree_filter(machine: str) -> bytes:
     """The BPF program of stay_in_tree: clone with CLONE_PARENT refused (EPERM), clone3 answered ENOSYS (its flags
     lie in memory a filter cannot read; the C library then falls back to clone, as it does under container
-    runtimes), calls through another architecture's entry point refused. `no_tcp`: also no TCP socket (IPv4 or
-    IPv6 stream: EACCES, as Landlock refuses a connect) and no io_uring (whose operations open and connect sockets
-    past any filter), for kernels whose Landlock cannot refuse TCP. Everything else allowed."""
+    runtimes), calls through another architecture's entry point refused. No network: a socket of any family but Unix
+    and netlink (the kernel's own, for reading interfaces) refused with EACCES, as Landlock refuses a connect, so
+    no IPv4 or IPv6 of any kind, TCP, UDP or raw; io_uring refused (EPERM: its operations open and connect sockets
+    past any filter). Everything else allowed."""
     clone, clone3 = _CLONES[machine]
+    sock, uring = _SOCKETS[machine]
     program = _native_calls_only(machine) + [_op(_JEQ, clone3, 0, 1), _op(_RET, _NO_SYSCALL)]
-    if no_tcp:
-        sock, uring = _SOCKETS[machine]
-        program += [_op(_JEQ, uring, 0, 1), _op(_RET, _DENY)]
-        program += [
-            _op(_JEQ, sock, 0, 8),  # not socket(): on to clone's check
-            _op(_LD, 16),  # the family
-            _op(_JEQ, _AF_INET, 1, 0),
-            _op(_JEQ, _AF_INET6, 0, 4),
-            _op(_LD, 24),  # the type, less its SOCK_NONBLOCK and SOCK_CLOEXEC flags
-            _op(_AND, 0xF),
-            _op(_JEQ, _SOCK_STREAM, 0, 1),
-            _op(_RET, _NO_ACCESS),
-            _op(_RET, _ALLOW),
-        ]
+    program += [_op(_JEQ, uring, 0, 1), _op(_RET, _DENY)]
+    program += [
+        _op(_JEQ, sock, 0, 5),  # not socket(): on to clone's check
+        _op(_LD, 16),  # the family
+        _op(_JEQ, _AF_UNIX, 2, 0),
+        _op(_JEQ, _AF_NETLINK, 1, 0),
+        _op(_RET, _NO_ACCESS),
+        _op(_RET, _ALLOW),
+    ]
     program += [_op(_JEQ, clone, 0, 3), _op(_LD, 16), _op(_JSET, _CLONE_PARENT, 0, 1), _op(_RET, _DENY)]
     return b"".join([*program, _op(_RET, _ALLOW)])
 
 
-def stay_in_tree(no_tcp: bool = False) -> bool:
-    """Keep every process this one starts in its own process tree: CLONE_PARENT would make a process its parent's
-    child (the zygote's, or its namespace's reaper's), outside the tree that is stopped while the other side is
-    timed, counted in its CPU time and killed with it. `no_tcp`: no TCP either (tree_filter; for Landlock below ABI
-    4). False where the filter cannot be installed (another architecture, no seccomp)."""
+def stay_in_tree() -> bool:
+    """Keep every process this one starts in its own process tree and off the network: CLONE_PARENT would make a
+    process its parent's child (the zygote's, or its namespace's reaper's), outside the tree that is stopped while
+    the other side is timed, counted in its CPU time and killed with it; sockets as tree_filter says. False where
+    the filter cannot be installed (another architecture, no seccomp)."""
     machine = os.uname().machine
-    return machine in _CLONES and _install(tree_filter(machine, no_tcp), 0) == 0
+    return machine in _CLONES and _install(tree_filter(machine), 0) == 0
 
 
 def watch_others(signals: bool) -> int | None:

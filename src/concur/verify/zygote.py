@@ -35,8 +35,6 @@ from concur.verify import procs, sandbox
 SWEEP_S = 0.5
 # where Landlock cannot keep a candidate's signals within its sandbox (ABI < 6), the seccomp filter does
 FENCE_SIGNALS = sandbox.landlock_abi() < 6 or bool(os.environ.get("CONCUR_FENCE_SIGNALS"))
-# where Landlock cannot refuse TCP (ABI < 4), the seccomp filter does
-FENCE_TCP = sandbox.landlock_abi() < 4
 
 
 def main(fd: int) -> int:
@@ -231,7 +229,7 @@ def start_child(spec: dict, sock: socket.socket) -> int:
     sandbox.become_subreaper()  # whatever its descendants orphan stays in its tree, to be counted and killed with it
     confined = "off"
     if spec.get("sandbox") is not None:
-        sandbox.stay_in_tree(no_tcp=FENCE_TCP)
+        sandbox.stay_in_tree()
         sandbox.keep_scheduling()
         box = spec["sandbox"]
         box["around"] = sandbox.readable_around(box["hidden"])  # kept for a later layer (contestant.own_build)
