@@ -171,9 +171,11 @@ for entry in os.listdir("/proc"):
 mine.discard(int(os.readlink("/proc/self")))
 for pid in mine:
     for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(int(tid), {0})
-            hit.append(("affinity", tid))
+        with contextlib.suppress(OSError):  # a hit only if it moved: the filter answers "done" and does nothing
+            cores = os.sched_getaffinity(int(tid))
+            os.sched_setaffinity(int(tid), {0} if cores != {0} else {1})
+            if os.sched_getaffinity(int(tid)) != cores:
+                hit.append(("affinity", tid))
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, int(tid), 19)
             hit.append(("nice", tid))
@@ -527,7 +529,8 @@ def test_the_tree_filter_keeps_a_child_off_the_network(tmp_path):
     """Each sandboxed child's seccomp filter refuses every socket but Unix and netlink ones, whatever its type and
     flags: TCP, UDP and raw, IPv4 and IPv6 (whatever Landlock covers, UDP it does not); and io_uring (whose
     operations open sockets past any filter). Unix sockets, socketpairs, netlink, threads and fork still work, and
-    clone with CLONE_PARENT is still refused."""
+    clone with CLONE_PARENT is still refused. Pinning a thread, its own or its process's, says it worked and leaves
+    it on the cores it had."""
     import ctypes
     import errno
     import socket
@@ -567,9 +570,17 @@ def test_the_tree_filter_keeps_a_child_off_the_network(tmp_path):
         if returned == 0:
             os._exit(0)  # escaped: the child reads "ok" below
         got["clone_parent"] = "ok" if returned > 0 else errno.errorcode[ctypes.get_errno()]
-        thread = threading.Thread(target=lambda: got.__setitem__("thread", "ok"))
+        cores = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {min(cores)})
+
+        def pin():
+            os.sched_setaffinity(threading.get_native_id(), {max(cores)})
+            got["thread"] = "ok" if os.sched_getaffinity(0) == cores else "pinned"
+
+        thread = threading.Thread(target=pin)
         thread.start()
         thread.join()
+        got["cores"] = "kept" if os.sched_getaffinity(0) == cores else "pinned"
         child = os.fork()
         if child == 0:
             os._exit(7)
@@ -580,7 +591,7 @@ def test_the_tree_filter_keeps_a_child_off_the_network(tmp_path):
     assert got == {
         "tcp": "EACCES", "tcp6": "EACCES", "tcp_nonblocking": "EACCES", "udp": "EACCES", "udp6": "EACCES",
         "icmp": "EACCES", "vsock": "EACCES", "unix": "ok", "netlink": "ok", "pair": "ok",
-        "io_uring": "EPERM", "clone_parent": "EPERM", "thread": "ok", "fork": "ok",
+        "io_uring": "EPERM", "clone_parent": "EPERM", "thread": "ok", "cores": "kept", "fork": "ok",
     }, got  # fmt: skip
 
 

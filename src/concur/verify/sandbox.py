@@ -268,8 +268,8 @@ class _CapData(ctypes.Structure):
 def keep_scheduling() -> None:
     """No raising of its own priority: no lower nice value, no real-time policy (RLIMIT_NICE and RLIMIT_RTPRIO at
     0, and CAP_SYS_NICE dropped where it ran as root, which would also let it re-nice or pin any process). Raising
-    its nice value and choosing its own threads' cores stay allowed (OpenMP pins its own threads); what else it may
-    aim at is watch_others'."""
+    its nice value stays allowed; its cores are the referee's (tree_filter); what else it may aim at is
+    watch_others'."""
     for limit in (resource.RLIMIT_NICE, resource.RLIMIT_RTPRIO):
         resource.setrlimit(limit, (0, 0))
     _libc.prctl(_PR_CAPBSET_DROP, _CAP_SYS_NICE, 0, 0, 0)  # fails without CAP_SETPCAP: then it has no caps to drop
@@ -376,7 +376,7 @@ def others_filter(machine: str, own: int, signals: bool) -> bytes:
 _CLONE_PARENT, _JSET, _NO_SYSCALL = 0x00008000, 0x45, 0x00050000 | errno.ENOSYS
 _CLONES = {"x86_64": (56, 435), "aarch64": (220, 435)}  # machine: (clone, clone3)
 _SOCKETS = {"x86_64": (41, 425), "aarch64": (198, 425)}  # machine: (socket, io_uring_setup)
-_AF_UNIX, _AF_NETLINK, _NO_ACCESS = 1, 16, 0x00050000 | errno.EACCES
+_AF_UNIX, _AF_NETLINK, _NO_ACCESS, _PRETEND = 1, 16, 0x00050000 | errno.EACCES, 0x00050000  # errno 0: "done"
 
 
 def tree_filter(machine: str) -> bytes:
@@ -385,10 +385,13 @@ def tree_filter(machine: str) -> bytes:
     runtimes), calls through another architecture's entry point refused. No network: a socket of any family but Unix
     and netlink (the kernel's own, for reading interfaces) refused with EACCES, as Landlock refuses a connect, so
     no IPv4 or IPv6 of any kind, TCP, UDP or raw; io_uring refused (EPERM: its operations open and connect sockets
-    past any filter). Everything else allowed."""
+    past any filter). Cores are the referee's to choose: sched_setaffinity, on any thread, returns success and
+    changes nothing, so no thread moves onto a neighbour's cores and no caller that pins its threads (OpenMP,
+    pthread_create with an affinity) fails. Everything else allowed."""
     clone, clone3 = _CLONES[machine]
     sock, uring = _SOCKETS[machine]
     program = _native_calls_only(machine) + [_op(_JEQ, clone3, 0, 1), _op(_RET, _NO_SYSCALL)]
+    program += [_op(_JEQ, _CALLS[machine][2]["sched_setaffinity"], 0, 1), _op(_RET, _PRETEND)]
     program += [_op(_JEQ, uring, 0, 1), _op(_RET, _DENY)]
     program += [
         _op(_JEQ, sock, 0, 5),  # not socket(): on to clone's check
@@ -403,10 +406,10 @@ def tree_filter(machine: str) -> bytes:
 
 
 def stay_in_tree() -> bool:
-    """Keep every process this one starts in its own process tree and off the network: CLONE_PARENT would make a
-    process its parent's child (the zygote's, or its namespace's reaper's), outside the tree that is stopped while
-    the other side is timed, counted in its CPU time and killed with it; sockets as tree_filter says. False where
-    the filter cannot be installed (another architecture, no seccomp)."""
+    """Keep every process this one starts in its own process tree, off the network and on the cores it is given:
+    CLONE_PARENT would make a process its parent's child (the zygote's, or its namespace's reaper's), outside the
+    tree that is stopped while the other side is timed, counted in its CPU time and killed with it; sockets and cores
+    as tree_filter says. False where the filter cannot be installed (another architecture, no seccomp)."""
     machine = os.uname().machine
     return machine in _CLONES and _install(tree_filter(machine), 0) == 0
 
