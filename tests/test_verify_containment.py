@@ -340,6 +340,40 @@ def test_a_candidate_cannot_raise_its_own_priority(zygote, tmp_path):
     assert (scratch / "own.txt").read_text() == "none"
 
 
+PRIVILEGES = """
+import ctypes, errno, os, subprocess
+def caps(text):
+    return [line.split()[1] for line in text.splitlines() if line.startswith("Cap")]
+got = caps(open("/proc/self/status").read())
+got += caps(subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True).stdout)  # what exec gains
+libc = ctypes.CDLL(None, use_errno=True)
+timex = (ctypes.c_long * 32)()  # struct timex: modes first, the tick at word 11
+libc.adjtimex(timex)  # read
+timex[0] = 0x4000  # ADJ_TICK, to the tick it has: a change of nothing, allowed only with CAP_SYS_TIME
+got.append("tick:" + ("set" if libc.adjtimex(timex) >= 0 else errno.errorcode[ctypes.get_errno()]))
+try:
+    open(LOCKED).read()  # mode 000: readable by root only through CAP_DAC_OVERRIDE
+    got.append("locked:read")
+except OSError as error:
+    got.append("locked:" + errno.errorcode[error.errno])
+open("privileges.txt", "w").write(" ".join(got))
+"""
+
+
+def test_a_candidate_keeps_no_privilege(zygote, tmp_path):
+    """A candidate run as root (a container, a cloud GPU machine) keeps no capability, nor gains one back by
+    executing a program: it cannot slew the clock the referee times with or read a file through root's override.
+    Run as another user, it had none to lose."""
+    locked = tmp_path / "locked"
+    locked.write_text("secret")
+    locked.chmod(0)
+    row, scratch = build(zygote, f"LOCKED = {str(locked)!r}\n" + PRIVILEGES, tmp_path)
+    assert row["status"] == "no_build", row
+    *caps, tick, read = (scratch / "privileges.txt").read_text().split()
+    assert caps == ["0000000000000000"] * 10, caps
+    assert (tick, read) == ("tick:EPERM", "locked:EACCES")
+
+
 HONEST = """
 import os, subprocess, threading
 done = []

@@ -22,7 +22,7 @@ from pathlib import Path
 _SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446  # the same numbers on x86_64 and aarch64
 _PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE, _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 38, 4, 1, 36
 _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
-_CAP_SYS_NICE, _CAP_VERSION_3 = 23, 0x20080522
+_CAP_SETPCAP, _CAP_VERSION_3 = 8, 0x20080522
 _CLONE_NEWPID = 0x20000000
 _RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
 
@@ -265,24 +265,28 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def keep_scheduling() -> None:
-    """No raising of its own priority: no lower nice value, no real-time policy (RLIMIT_NICE and RLIMIT_RTPRIO at
-    0, and CAP_SYS_NICE dropped where it ran as root, which would also let it re-nice or pin any process). Raising
-    its nice value stays allowed; its cores are the referee's (tree_filter); what else it may aim at is
-    watch_others'."""
+def drop_privileges() -> None:
+    """No privilege left, for a process run as root (a container, a cloud GPU machine) as for one that is not: every
+    capability dropped (from the bounding set where CAP_SETPCAP allows it, and from the effective, permitted,
+    inheritable and ambient sets), so it cannot set or slew the clocks the referee times with, load a kernel
+    module, reconfigure the network, read physical memory, reboot, bypass file permissions, or re-nice or pin any
+    process; and no raising of its own priority (RLIMIT_NICE and RLIMIT_RTPRIO at 0). No new privileges either, so
+    a program it executes, root's included, gains none back. Raising its nice value stays allowed; its cores are
+    the referee's (tree_filter); what else it may aim at is watch_others'."""
     for limit in (resource.RLIMIT_NICE, resource.RLIMIT_RTPRIO):
         resource.setrlimit(limit, (0, 0))
-    _libc.prctl(_PR_CAPBSET_DROP, _CAP_SYS_NICE, 0, 0, 0)  # fails without CAP_SETPCAP: then it has no caps to drop
+    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    try:
+        last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):  # fails without CAP_SETPCAP: then the bounding set stays, and no-new-privs holds
+        if cap != _CAP_SETPCAP:
+            _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    _libc.prctl(_PR_CAPBSET_DROP, _CAP_SETPCAP, 0, 0, 0)  # the right to drop the others goes last
     _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
-    if _libc.capget(ctypes.byref(header), data) != 0:
-        return
-    word, bit = divmod(_CAP_SYS_NICE, 32)
-    if not (data[word].effective | data[word].permitted | data[word].inheritable) & (1 << bit):
-        return
-    for field in ("effective", "permitted", "inheritable"):
-        setattr(data[word], field, getattr(data[word], field) & ~(1 << bit))
-    if _libc.capset(ctypes.byref(header), data) != 0:
+    if _libc.capset(ctypes.byref(_CapHeader(_CAP_VERSION_3, 0)), (_CapData * 2)()) != 0:
         raise OSError(ctypes.get_errno(), "capset")
 
 

@@ -14,7 +14,7 @@ zygote kills its whole tree (procs.kill_tree); and it installs a seccomp filter 
 whose listener it hands here: the zygote lets a scheduling call (and, where Landlock cannot scope signals, a
 signal) aimed at another process through only when that process is in the child's own tree (`CONCUR_FENCE_SIGNALS`
 fences signals where Landlock could). In both cases a sandboxed child cannot start a process outside its own tree
-(sandbox.stay_in_tree) nor raise its own priority (sandbox.keep_scheduling).
+(sandbox.stay_in_tree) nor keep any privilege (sandbox.drop_privileges).
 
 A child's spec: role (contestant | builder | trusted), cwd, env, log, sandbox ({write, read, hidden, devices} or
 null for trusted work), limits ({address_space_mb}).
@@ -230,7 +230,7 @@ def start_child(spec: dict, sock: socket.socket) -> int:
     confined = "off"
     if spec.get("sandbox") is not None:
         sandbox.stay_in_tree()
-        sandbox.keep_scheduling()
+        sandbox.drop_privileges()
         box = spec["sandbox"]
         box["around"] = sandbox.readable_around(box["hidden"])  # kept for a later layer (contestant.own_build)
         confined = sandbox.confine(box["write"], box["read"], box["hidden"], box["devices"], box["around"])
