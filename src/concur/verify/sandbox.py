@@ -268,11 +268,12 @@ class _CapData(ctypes.Structure):
 def drop_privileges() -> None:
     """No privilege left, for a process run as root (a container, a cloud GPU machine) as for one that is not: every
     capability dropped (from the bounding set where CAP_SETPCAP allows it, and from the effective, permitted,
-    inheritable and ambient sets), so it cannot set or slew the clocks the referee times with, load a kernel
-    module, reconfigure the network, read physical memory, reboot, bypass file permissions, or re-nice or pin any
-    process; and no raising of its own priority (RLIMIT_NICE and RLIMIT_RTPRIO at 0). No new privileges either, so
-    a program it executes, root's included, gains none back. Raising its nice value stays allowed; its cores are
-    the referee's (tree_filter); what else it may aim at is watch_others'."""
+    inheritable and ambient sets), so it cannot set or slew the clocks the referee times with, lock the GPU's
+    clocks (NVML's calls for administrators), load a kernel module, reconfigure the network, read physical memory,
+    reboot, bypass file permissions, or re-nice or pin any process; and no raising of its own priority
+    (RLIMIT_NICE and RLIMIT_RTPRIO at 0). No new privileges either, so a program it executes, root's included,
+    gains none back. Raising its nice value stays allowed; its cores are the referee's (tree_filter); what else it
+    may aim at is watch_others'."""
     for limit in (resource.RLIMIT_NICE, resource.RLIMIT_RTPRIO):
         resource.setrlimit(limit, (0, 0))
     if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
