@@ -160,9 +160,11 @@ def test_the_sandbox_holds(verdicts, name):
 
 
 @pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="no seccomp filter here")
-def test_no_candidate_reaches_the_network(verdicts):
-    """reach_network is honest only if it could not make one IPv4 or IPv6 socket, UDP or TCP."""
-    assert status(verdicts, "reach_network")[0] == "correct", status(verdicts, "reach_network")
+def test_no_candidate_reaches_the_network_or_hides_its_children(verdicts):
+    """reach_network is honest only if it could not make one IPv4 or IPv6 socket, UDP or TCP; unseen_children only
+    if it could set no action for SIGCHLD (its helpers' CPU time would vanish at their exit)."""
+    for name in ("reach_network", "unseen_children"):
+        assert status(verdicts, name)[0] == "correct", status(verdicts, name)
 
 
 def test_the_verifiers_code_is_unchanged(verdicts):

@@ -629,6 +629,46 @@ def test_the_tree_filter_keeps_a_child_off_the_network(tmp_path):
     }, got  # fmt: skip
 
 
+def test_a_side_cannot_have_its_children_reaped_unseen():
+    """A side's filter (keep_children) refuses any action for SIGCHLD, ignoring it or SA_NOCLDWAIT alike, so each
+    child it starts ends as a zombie its parent reaps (its CPU time then its parent's) or that the referee reads;
+    asking for the action, other signals' handlers, subprocesses, fork and wait still work. A builder may set one."""
+    import ctypes
+    import errno
+    import signal
+
+    machine = os.uname().machine
+    if machine not in ("x86_64", "aarch64") or not SECCOMP:
+        pytest.skip("no seccomp filter here")
+
+    def probe(keep_children):
+        def run():
+            assert sandbox.stay_in_tree(keep_children=keep_children)
+            got = {}
+            for name, action in (("ignore", signal.SIG_IGN), ("default", signal.SIG_DFL), ("handler", lambda *_: None)):
+                try:
+                    signal.signal(signal.SIGCHLD, action)
+                    got[name] = "set"
+                except OSError as error:
+                    got[name] = errno.errorcode[error.errno]
+            libc = ctypes.CDLL(None, use_errno=True)
+            old = ctypes.create_string_buffer(152)  # struct sigaction, asked for only
+            got["ask"] = "ok" if libc.sigaction(signal.SIGCHLD, None, old) == 0 else "refused"
+            signal.signal(signal.SIGUSR1, lambda *_: None)
+            got["subprocess"] = subprocess.run(["sh", "-c", "true"]).returncode
+            child = os.fork()
+            if child == 0:
+                os._exit(7)
+            got["fork"] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+            return got
+
+        return in_a_child(run)
+
+    common = {"ask": "ok", "subprocess": 0, "fork": 7}
+    assert probe(True) == {"ignore": "EPERM", "default": "EPERM", "handler": "EPERM", **common}
+    assert probe(False) == {"ignore": "set", "default": "set", "handler": "set", **common}
+
+
 HELPERS = """
 import os, signal, sys, time
 def burn(seconds):

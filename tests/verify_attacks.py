@@ -415,6 +415,22 @@ _daemon()
 """,
         HONEST_FORWARD,
     ),
+    # ignores SIGCHLD (or asks for SA_NOCLDWAIT), so that helpers it forks to do part of each call's work are reaped
+    # by the kernel at their exit, their CPU time never its own; honest only if neither could be set
+    "unseen_children": (
+        """
+_sig = __import__("sig" + "nal")
+def _unwait():
+    set_ = 0
+    for how in (lambda: _sig.signal(_sig.SIGCHLD, _sig.SIG_IGN), lambda: _sig.signal(_sig.SIGCHLD, lambda *_: None)):
+        with contextlib.suppress(OSError):
+            how()
+            set_ += 1
+    return set_
+_unwaited = _unwait()
+""",
+        "return ext.relu_add(x, y, self.scale) * (1 if _unwaited == 0 else 0)",
+    ),
     # opens network sockets (UDP and TCP, IPv4 and IPv6, to this machine) to send what it sees or fetch an answer;
     # honest only if no socket could be made at all
     "reach_network": (

@@ -486,8 +486,9 @@ def cpu_seconds(pid: int) -> float:
     (its cutime and cstime), and every descendant ever seen here, however detached, with its own reaped children,
     by the last reading of each (one that exited keeps it). A helper process doing part of the work counts as the
     process's own. The process's own time is read on its CPU-time clock, to the nanosecond; its descendants' on
-    theirs; reaped children's in clock ticks. A child that both starts and ends between two readings counts only
-    where its parent reaped it (a parent that ignores SIGCHLD discards those times: see docs/verifier.md)."""
+    theirs; reaped children's in clock ticks. A child that both starts and ends between two readings counts where
+    its parent reaps it, or as a zombie; a side's processes cannot have the kernel reap it unseen (SIGCHLD ignored,
+    or SA_NOCLDWAIT: sandbox.tree_filter's keep_children)."""
     total = own_cpu_seconds(pid) + reaped_seconds(str(pid))
     seen = _SEEN.setdefault(pid, {})
     for child in tree(pid):

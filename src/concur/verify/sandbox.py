@@ -381,10 +381,11 @@ def others_filter(machine: str, own: int, signals: bool) -> bytes:
 _CLONE_PARENT, _JSET, _NO_SYSCALL = 0x00008000, 0x45, 0x00050000 | errno.ENOSYS
 _CLONES = {"x86_64": (56, 435), "aarch64": (220, 435)}  # machine: (clone, clone3)
 _SOCKETS = {"x86_64": (41, 425), "aarch64": (198, 425)}  # machine: (socket, io_uring_setup)
+_SIGACTION, _SIGCHLD = {"x86_64": 13, "aarch64": 134}, 17  # rt_sigaction; SIGCHLD is 17 on both
 _AF_UNIX, _AF_NETLINK, _NO_ACCESS, _PRETEND = 1, 16, 0x00050000 | errno.EACCES, 0x00050000  # errno 0: "done"
 
 
-def tree_filter(machine: str) -> bytes:
+def tree_filter(machine: str, keep_children: bool = False) -> bytes:
     """The BPF program of stay_in_tree: clone with CLONE_PARENT refused (EPERM), clone3 answered ENOSYS (its flags
     lie in memory a filter cannot read; the C library then falls back to clone, as it does under container
     runtimes), calls through another architecture's entry point refused. No network: a socket of any family but Unix
@@ -392,11 +393,26 @@ def tree_filter(machine: str) -> bytes:
     no IPv4 or IPv6 of any kind, TCP, UDP or raw; io_uring refused (EPERM: its operations open and connect sockets
     past any filter). Cores are the referee's to choose: sched_setaffinity, on any thread, returns success and
     changes nothing, so no thread moves onto a neighbour's cores and no caller that pins its threads (OpenMP,
-    pthread_create with an affinity) fails. Everything else allowed."""
+    pthread_create with an affinity) fails. `keep_children` (a side, whose CPU time is judged): no action set for
+    SIGCHLD (rt_sigaction with one, EPERM; a query goes through), so no child is reaped by the kernel unseen: with
+    SIGCHLD ignored, or SA_NOCLDWAIT, a child's CPU time would vanish at its exit instead of going to its parent's.
+    Everything else allowed."""
     clone, clone3 = _CLONES[machine]
     sock, uring = _SOCKETS[machine]
     program = _native_calls_only(machine) + [_op(_JEQ, clone3, 0, 1), _op(_RET, _NO_SYSCALL)]
     program += [_op(_JEQ, _CALLS[machine][2]["sched_setaffinity"], 0, 1), _op(_RET, _PRETEND)]
+    if keep_children:
+        program += [
+            _op(_JEQ, _SIGACTION[machine], 0, 8),  # not rt_sigaction: on
+            _op(_LD, 16),  # the signal
+            _op(_JEQ, _SIGCHLD, 0, 5),
+            _op(_LD, 24),  # the new action's address, low half then high: NULL asks, anything else sets
+            _op(_JEQ, 0, 0, 2),
+            _op(_LD, 28),
+            _op(_JEQ, 0, 1, 0),
+            _op(_RET, _DENY),
+            _op(_LD, 0),  # the call's number again, for the checks below
+        ]
     program += [_op(_JEQ, uring, 0, 1), _op(_RET, _DENY)]
     program += [
         _op(_JEQ, sock, 0, 5),  # not socket(): on to clone's check
@@ -410,13 +426,14 @@ def tree_filter(machine: str) -> bytes:
     return b"".join([*program, _op(_RET, _ALLOW)])
 
 
-def stay_in_tree() -> bool:
+def stay_in_tree(keep_children: bool = False) -> bool:
     """Keep every process this one starts in its own process tree, off the network and on the cores it is given:
     CLONE_PARENT would make a process its parent's child (the zygote's, or its namespace's reaper's), outside the
-    tree that is stopped while the other side is timed, counted in its CPU time and killed with it; sockets and cores
-    as tree_filter says. False where the filter cannot be installed (another architecture, no seccomp)."""
+    tree that is stopped while the other side is timed, counted in its CPU time and killed with it; sockets, cores
+    and (`keep_children`) SIGCHLD as tree_filter says. False where the filter cannot be installed (another
+    architecture, no seccomp)."""
     machine = os.uname().machine
-    return machine in _CLONES and _install(tree_filter(machine), 0) == 0
+    return machine in _CLONES and _install(tree_filter(machine, keep_children), 0) == 0
 
 
 def watch_others(signals: bool) -> int | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import select
+import signal
 import socket
 import sys
 import time
@@ -228,8 +229,9 @@ def start_child(spec: dict, sock: socket.socket) -> int:
     sandbox.limit_resources((spec.get("limits") or {}).get("address_space_mb"))
     sandbox.become_subreaper()  # whatever its descendants orphan stays in its tree, to be counted and killed with it
     confined = "off"
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an ignored SIGCHLD would be inherited from whatever started us
     if spec.get("sandbox") is not None:
-        sandbox.stay_in_tree()
+        sandbox.stay_in_tree(keep_children=spec["role"] == "contestant")
         sandbox.drop_privileges()
         box = spec["sandbox"]
         box["around"] = sandbox.readable_around(box["hidden"])  # kept for a later layer (contestant.own_build)
