@@ -74,7 +74,11 @@ def test_every_verdict_is_the_one_the_response_was_written_for(results):
     for row in joined.itertuples():
         assert row.status == EXPECTED_STATUS[row.kind], (row.candidate_id, row.kind, row.reason)
     correct = joined[joined["correct"]]
-    assert (correct["speedup"] > 0).all() and (joined.loc[~joined["correct"], "speedup"] == 0).all()
+    # a busy machine's clock may resolve none of a microsecond kernel's batches: NaN and flagged, never noise
+    measured = correct["speedup"] > 0
+    unresolved = correct["speedup"].isna() & correct["flags"].str.contains("timing:unresolved")
+    assert (measured | unresolved).all() and measured.mean() >= 0.75, correct[["candidate_id", "speedup", "flags"]]
+    assert (joined.loc[~joined["correct"], "speedup"] == 0).all()
     speed = correct.pivot_table(index="task_id", columns="kind", values="speedup", aggfunc="max")
     assert (speed["correct_fast"] > speed["correct_slow"]).mean() >= 0.75  # timings on a busy laptop may jitter
     assert set(builds.loc[builds["candidate_id"].isin(correct["candidate_id"]), "status"]) == {"built"}

@@ -420,6 +420,33 @@ def test_batches_longer_than_the_spin_are_timed_as_long_as_they_run(tmp_path):
         assert 290.0 < times.best_ms <= times.median_ms < 400.0, times
 
 
+def test_a_kernel_far_slower_than_the_reference_is_timed_not_cut_off(tmp_path):
+    """A correct kernel a thousand times slower than its reference (a batch sized for the reference's 0.2 ms calls
+    runs 0.3 s calls: about 10 s, past the 5 s floor of a deadline paced by the reference alone) is timed to the end:
+    each command's deadline is paced by the candidate's own slowest call too. On a busy CI machine such a kernel
+    of the demo timed out under SLURM and came out correct locally."""
+    from concur.verify import api, orchestrate
+
+    mine = sorted(os.sched_getaffinity(0))
+    settings = normalize_settings(
+        {"device": "cpu", "mode": "hardened", "timeout_s": 300, "workers": 1, "correctness_trials": 2,
+         "signed_trials": 0, "warmup": 1, "timing_min_s": 0.1, "build_cache": str(tmp_path / "cache")}
+    )  # fmt: skip
+    fast = SLEEPY.replace("time.sleep(0.3)", "time.sleep(0.0002)")
+    referee = orchestrate.RefereeHandle("cpu", None, tmp_path / "cache", 1, 1, True, False, (mine * 4)[:4])
+    try:
+        job = {"candidate_id": "slow", "task_id": "fast", "reference": fast,
+               "solution": SLEEPY.replace("class Model", "class ModelNew"), "build_dir": None, "kernels": None,
+               "settings": api.job_settings(settings)}  # fmt: skip
+        report = referee.evaluate(job, 300)
+    finally:
+        referee.close()
+    assert report.failure is None and report.timing is not None, report.failure
+    calls, timing = report.timing.calls_per_batch, report.timing
+    assert calls * 0.3 > 5.0, calls  # the batch outlasts the reference's deadline
+    assert 290.0 < timing.new.best_ms < 400.0 and timing.ref.best_ms < 1.0, timing
+
+
 def test_the_doorbell_can_be_left_out_and_the_socket_times_alone(tmp_path):
     """The timed steps are signalled on the shared-memory doorbell; with it left out (benchmarks compare the two:
     orchestrate.DOORBELL) the socket alone carries them and the same job is timed and judged, no step rung."""

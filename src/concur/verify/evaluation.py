@@ -63,6 +63,12 @@ class Bout:
         """A step's timeout: `seconds`, within the candidate's budget."""
         return limit(self.deadline, seconds)
 
+    def call_limit(self, calls: int, first: bool = False, extra_s: float = 0.0) -> float:
+        """A command of `calls` of the candidate's calls: its deadline (call_timeout: from the reference's time and
+        the candidate's slowest correctness call so far) and `extra_s`, within the candidate's budget."""
+        own_s = max(self.report.call_s, default=0.0)
+        return self.limit(call_timeout(self.task, calls, first, own_s) + extra_s)
+
 
 def evaluate(referee: Referee, job: dict) -> Report:
     settings = job["settings"]
@@ -201,7 +207,7 @@ def run_trials(bout: Bout, stage_s: dict) -> bool:
             reply = candidate.ask(
                 {"op": "call", "calls": [{"args": specs, "seed": seed}], "profile": profiled},
                 "correctness",
-                bout.limit(call_timeout(task, 1, first=first) + (PROFILE_EXTRA_S if profiled else 0.0)),
+                bout.call_limit(1, first=first, extra_s=PROFILE_EXTRA_S if profiled else 0.0),
                 after_launch=call_timeout(task, 1) if first else None,
             )
             seconds = time.perf_counter() - begin
@@ -225,7 +231,7 @@ def run_trials(bout: Bout, stage_s: dict) -> bool:
             if trial.comparison is not None:  # not laid out as the reference's outputs: nothing to hand off
                 passed = False
                 break
-            outputs, _ = referee.handoff(candidate, [metas], "correctness", bout.limit(call_timeout(task, 1)))
+            outputs, _ = referee.handoff(candidate, [metas], "correctness", bout.call_limit(1))
             trial.comparison = comparisons.compare(
                 outputs[0], ref, settings, strict_finite=mode.strict_finite, leaf_scale=kind == "signed"
             )

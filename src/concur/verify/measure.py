@@ -19,7 +19,6 @@ from concur.verify.reference import (
     TaskState,
     call_timeout,
     kb_time_message,
-    limit,
     mutated,
     ref_ask,
     reference_side,
@@ -213,9 +212,7 @@ class Sampler:
         return picked
 
 
-def warm_up(
-    referee: Referee, task: TaskState, runner: Runner, calls, settings, ask, deadline: float | None = None
-) -> None:
+def warm_up(referee: Referee, task: TaskState, runner: Runner, calls, settings, ask, limit=None) -> None:
     """`warmup` batches and at least WARMUP_MIN_S; past one batch, no longer than `timing_min_s` (a kernel whose
     batch takes seconds is warm after one, and its speedup is decided by the timed batches)."""
     begin, done = time.perf_counter(), 0
@@ -223,16 +220,17 @@ def warm_up(
         if done and time.perf_counter() - begin >= max(timing.WARMUP_MIN_S, float(settings["timing_min_s"])):
             break
         seeds = [secrets.randbits(62) for _ in range(calls)]
-        timed_batch(referee, task, runner, seeds, ask, deadline, kinds=draw_kinds(calls, settings, task))
+        timed_batch(referee, task, runner, seeds, ask, limit, kinds=draw_kinds(calls, settings, task))
         done += 1
 
 
 def timed_batch(
-    referee: Referee, task: TaskState, runner: Runner, seeds, ask, deadline=None, gather=None, kinds: list | None = None
+    referee: Referee, task: TaskState, runner: Runner, seeds, ask, limit=None, gather=None, kinds: list | None = None
 ) -> dict:
     """One timed batch: fresh inputs drawn (each call as `kinds` says: draw_kinds), the contestant's views of the
     arena made, then on the referee's clock the inputs written and the caches flushed, the calls run, and their
-    outputs handed off, with what `gather` reads of them (timed_round).
+    outputs handed off, with what `gather` reads of them (timed_round). `limit(calls)`: the seconds the batch may
+    take (a candidate's: Bout.call_limit; the reference's: call_timeout).
     `forward_ms`: the clock less the writing (whose excess over the reference's counts, timing.charged)."""
     kinds = kinds or ["random"] * len(seeds)
     values = [referee.draw(task, s, kind) for s, kind in zip(seeds, kinds)]
@@ -241,7 +239,7 @@ def timed_batch(
     answered(ask({"op": "prepare", "calls": [{"args": sp} for sp in specs]}, "timing", 60.0, spin=True))
     prepare_ms = 1000.0 * (time.perf_counter() - begin)
     go = {"op": "go", "seeds": seeds if task.stochastic else None}
-    timeout = call_timeout(task, len(seeds)) if deadline is None else limit(deadline, call_timeout(task, len(seeds)))
+    timeout = call_timeout(task, len(seeds)) if limit is None else limit(len(seeds))
     timed = timed_round(referee, runner, go, timeout, task.meta, len(seeds), values, specs, gather)
     reply = timed["reply"]
     return {
@@ -423,7 +421,7 @@ def replay(bout: Bout, plan: Plan, timed: Timed) -> Replay:
     profile_at = secrets.randbelow(plan.planned)
     if not timing.warm_already(bout.report.call_s, budget_s):
         with alone(bout, candidate):
-            warm_up(referee, task, candidate, calls, settings, ask, bout.deadline)
+            warm_up(referee, task, candidate, calls, settings, ask, bout.call_limit)
     for number in range(plan.planned):
         if number == len(plan.batches):
             with alone(bout, task.runner) as waited:
@@ -440,7 +438,7 @@ def replay(bout: Bout, plan: Plan, timed: Timed) -> Replay:
                 break
         with alone(bout, candidate):
             batch = timed_batch(
-                referee, task, candidate, seeds, ask, bout.deadline, sampler.read, [d.kind for d in draws]
+                referee, task, candidate, seeds, ask, bout.call_limit, sampler.read, [d.kind for d in draws]
             )
         outputs = batch["outputs"]
         if outputs is None:
@@ -535,13 +533,13 @@ def profile_timed(bout: Bout, timed: Timed) -> str:
     values = referee.draw(task, seed, kind)
     specs = referee.stage(candidate, [values], "profile")[0]
     message = {"op": "call", "calls": [{"args": specs, "seed": seed}], "profile": True}
-    reply = answered(candidate.ask(message, "profile", bout.limit(call_timeout(task, 1) + PROFILE_EXTRA_S)))
+    reply = answered(candidate.ask(message, "profile", bout.call_limit(1, extra_s=PROFILE_EXTRA_S)))
     bout.report.profiled.append(reply.get("names"))
     metas = reply["outs"][0]
     mismatch = comparisons.structure(metas, task.meta)
     if mismatch:
         return f"the profiled call: {mismatch.failure()}"
-    outputs, _ = referee.handoff(candidate, [metas], "profile", bout.limit(call_timeout(task, 1)))
+    outputs, _ = referee.handoff(candidate, [metas], "profile", bout.call_limit(1))
     found = comparisons.unready(reply.get("taken"), outputs)
     timed.unready = timed.unready or (f"the profiled call: {found}" if found else "")
     return check_whole(bout, "the profiled call", seed, values, outputs[0], kind, False)
@@ -570,7 +568,7 @@ def time_kernelbench(bout: Bout) -> None:
     specs = referee.stage(candidate, [values], "timing")[0]
     trials = int(settings["timing_trials"]) + 1 + int(settings["warmup"])
     with referee.quiet():
-        reply = candidate.ask(kb_time_message(specs, settings), "timing", bout.limit(call_timeout(task, trials)))
+        reply = candidate.ask(kb_time_message(specs, settings), "timing", bout.call_limit(trials))
     if not reply.get("ok"):
         facts.trials.append(Trial(len(facts.trials) + 1, "timing", error=str(reply.get("error"))))
         return
@@ -587,7 +585,7 @@ def inspect(bout: Bout) -> None:
     if not profiled:
         values = referee.draw(task, secrets.randbits(62), "random")
         specs = referee.stage(candidate, [values], "profile")[0]
-        timeout = bout.limit(call_timeout(task, 1) + PROFILE_EXTRA_S)
+        timeout = bout.call_limit(1, extra_s=PROFILE_EXTRA_S)
         reply = candidate.ask({"op": "profile", "args": specs}, "profile", timeout)
         profiled = [reply["names"]] if reply.get("ok") and reply.get("names") is not None else []
     own = None if own_kernels is None else set(own_kernels) - set(task.profile or {})

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 SEED = 42
 CALL_FLOOR_S, CALL_FACTOR, FIRST_CALL_EXTRA_S = 5.0, 100.0, 10.0  # a call's deadline, from the reference's time
 FLOOR_CALLS = 64
+OWN_FACTOR = 10.0  # and from the candidate's own slowest call: what a busier machine may stretch it by
 HOTSPOTS = 5  # names of the reference's profile kept in a verdict
 FLOOR_MAX_BYTES = 256 << 20  # write_floor_ms fills at most this much and scales
 FLOOR_BATCHES = 5  # batches of fills that find the least time writing a task's outputs takes (write_floor_ms)
@@ -100,12 +101,15 @@ def limit(deadline: float, seconds: float) -> float:
     return min(seconds, left)
 
 
-def call_timeout(task, calls: int, first: bool = False) -> float:
-    """A command's deadline: CALL_FACTOR times the reference's time for its calls, at least CALL_FLOOR_S for every
+def call_timeout(task, calls: int, first: bool = False, own_s: float = 0.0) -> float:
+    """A command's deadline: CALL_FACTOR times the reference's time for its calls, or OWN_FACTOR times the side's
+    own slowest call so far (`own_s`: a correct kernel far slower than the reference is timed, not cut off where a
+    busy machine stretches its batch past the reference's deadline), at least CALL_FLOOR_S for every
     FLOOR_CALLS of them (a batch grown for the clock's resolution leaves a slow honest candidate the same time a
-    call that a batch of FLOOR_CALLS gave it)."""
+    call that a batch of FLOOR_CALLS gave it). The candidate's `timeout_s` bounds them all (limit)."""
     floor = CALL_FLOOR_S * max(1.0, calls / FLOOR_CALLS)
-    return max(floor, CALL_FACTOR * task.call_ms / 1000.0 * calls) + (FIRST_CALL_EXTRA_S if first else 0.0)
+    paced = max(CALL_FACTOR * task.call_ms / 1000.0, OWN_FACTOR * own_s) * calls
+    return max(floor, paced) + (FIRST_CALL_EXTRA_S if first else 0.0)
 
 
 def task_for(referee: Referee, job: dict) -> TaskState:
