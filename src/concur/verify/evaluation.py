@@ -65,8 +65,9 @@ class Bout:
 
     def call_limit(self, calls: int, first: bool = False, extra_s: float = 0.0) -> float:
         """A command of `calls` of the candidate's calls: its deadline (call_timeout: from the reference's time and
-        the candidate's slowest correctness call so far) and `extra_s`, within the candidate's budget."""
-        own_s = max(self.report.call_s, default=0.0)
+        the candidate's slowest correctness call so far but the first, which carries one-time set-up and the
+        profiler) and `extra_s`, within the candidate's budget."""
+        own_s = max(self.report.call_s[1:], default=0.0)
         return self.limit(call_timeout(self.task, calls, first, own_s) + extra_s)
 
 
