@@ -212,6 +212,13 @@ def confine_reads(read: list[str], around: list[str], write: list[str] = ()) -> 
     return True
 
 
+def _no_new_privileges() -> None:
+    """This process and whatever it executes gain no privilege from set-user-ID files or file capabilities (what
+    Landlock and seccomp ask of an unprivileged process first)."""
+    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
 def _restrict(attr, size: int, handled: int, grants: list[tuple[str, int]]) -> None:
     """One Landlock layer on this process: a ruleset handling `handled` (and what `attr` adds), `grants` (path,
     rights) its only exceptions."""
@@ -221,8 +228,7 @@ def _restrict(attr, size: int, handled: int, grants: list[tuple[str, int]]) -> N
     try:
         for path, rights in grants:
             _add_path(ruleset, path, rights, handled)
-        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        _no_new_privileges()
         if _syscall(_SYS_RESTRICT, ruleset, ctypes.c_uint32(0)) != 0:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     finally:
@@ -276,8 +282,7 @@ def drop_privileges() -> None:
     may aim at is watch_others'."""
     for limit in (resource.RLIMIT_NICE, resource.RLIMIT_RTPRIO):
         resource.setrlimit(limit, (0, 0))
-    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    _no_new_privileges()
     try:
         last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     except (OSError, ValueError):
@@ -350,7 +355,9 @@ def _install(program: bytes, flags: int) -> int:
     unprivileged process): what the seccomp call returned, -1 where it could not be made."""
     code = ctypes.create_string_buffer(program)
     compiled = _Program(len(code.raw) // 8, ctypes.cast(code, ctypes.c_void_p))
-    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+    try:
+        _no_new_privileges()
+    except OSError:
         return -1
     return _syscall(_CALLS[os.uname().machine][1], ctypes.c_uint(1), ctypes.c_uint(flags), ctypes.byref(compiled))
 
