@@ -9,7 +9,9 @@ side by side and their ratio (the target: within 10 % on every row). `--doorbell
 the timed steps on the doorbell and on the socket alone, a row each; `--launch-core both` with each side's main
 thread on the launch core while it is timed and from its take on (orchestrate.LAUNCH_CORE); `--cupti` adds two plain
 readings taken after one profiled call of each model: CUPTI left attached, and CUPTI detached as the verifier's
-contestants detach it (TEARDOWN_CUPTI=1, contestant.let_cupti_detach);
+contestants detach it (TEARDOWN_CUPTI=1, contestant.let_cupti_detach); `--harness` adds two plain readings whose
+loops also do the timed loop's own work on each call (outputs kept, 4 random bytes drawn), the second under the
+seccomp filter the sides run under (sandbox.stay_in_tree);
 `--trace FILE` writes each verification's batch readings (api.TRACE_SINK) there, as JSON. `--device cpu`: the same
 for the CPU's honest C++ relu_add (variant `cpp`), the plain loop timed by the host clock on the verifier's thread
 count (all cores, one worker), over a pool of inputs larger than twice the last-level cache, its extension built by
@@ -59,12 +61,16 @@ def solution_code(variant: str, device: str = "cuda") -> str:
     return solution(variant)
 
 
-def loop_ms(model, pool: list, calls: int, cuda: bool) -> float:
+def loop_ms(model, pool: list, calls: int, cuda: bool, harness: bool = False) -> float:
     """Milliseconds a call of `calls` back-to-back calls over `pool`: by CUDA events on a GPU, the host clock on
-    the CPU."""
+    the CPU. `harness`: each call also does what the verifier's timed loop does on every call (its outputs kept
+    until the loop ends, 4 random bytes drawn from the kernel as it returns), so what that work costs a call can be
+    told from the rest of the verifier's gap."""
     import time
 
     import torch
+
+    kept: list = []
 
     if cuda:
         torch.cuda.synchronize()
@@ -72,7 +78,10 @@ def loop_ms(model, pool: list, calls: int, cuda: bool) -> float:
         start.record()
     begin = time.perf_counter()
     for i in range(calls):
-        model(*pool[i % len(pool)])
+        out = model(*pool[i % len(pool)])
+        if harness:
+            kept.append(out)
+            os.urandom(4)
     if not cuda:
         return 1000.0 * (time.perf_counter() - begin) / calls
     end.record()
@@ -80,7 +89,9 @@ def loop_ms(model, pool: list, calls: int, cuda: bool) -> float:
     return start.elapsed_time(end) / calls
 
 
-def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = False, device: str = "cuda") -> dict:
+def independent(
+    variant: str, sizes: list[str], repeats: int, cupti: bool = False, device: str = "cuda", harness: bool = False
+) -> dict:
     """In this process: per size, the reference's and the kernel's quickest time per call (ms) by `loop_ms`, over
     a pool of inputs larger than twice the cache in front of memory (a GPU's L2; the CPU's last level, at least
     32 MB assumed); on the CPU on every core (the verifier gives its one worker all of them). `cupti`: each model's
@@ -107,6 +118,11 @@ def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = Fals
         one = [t.to(device) for t in scope["get_inputs"]()]
         per_set = sum(t.numel() * t.element_size() for t in one)
         pool = [[torch.randn_like(t) for t in one] for _ in range(max(4, -(-2 * cache // per_set) + 1))]
+        if os.environ.get("SMALL_SPEEDUPS_FILTER") == "1":  # the seccomp filter every side's process runs under
+            from concur.verify import sandbox
+
+            sandbox._no_new_privileges()
+            assert sandbox.stay_in_tree(keep_children=True), "the contestants' seccomp filter could not be installed"
         times: dict[str, list[float]] = {name: [] for name in models}
         calls = {}
         with torch.no_grad():
@@ -118,12 +134,12 @@ def independent(variant: str, sizes: list[str], repeats: int, cupti: bool = Fals
                     if os.environ.get("TEARDOWN_CUPTI") == "1":
                         let_cupti_detach(prof)
             for name, model in models.items():  # warm, and how many calls make a loop of MIN_LOOP_S
-                loop_ms(model, pool, len(pool), cuda)
-                per_call_s = loop_ms(model, pool, len(pool), cuda) / 1000.0
+                loop_ms(model, pool, len(pool), cuda, harness)
+                per_call_s = loop_ms(model, pool, len(pool), cuda, harness) / 1000.0
                 calls[name] = max(len(pool), int(MIN_LOOP_S / max(per_call_s, 1e-7)))
             for _ in range(repeats):
                 for name, model in models.items():
-                    times[name].append(loop_ms(model, pool, calls[name], cuda))
+                    times[name].append(loop_ms(model, pool, calls[name], cuda, harness))
         medians = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
         found[size] = {"eager_ms": min(times["eager"]), "kernel_ms": min(times["kernel"]),
                        "median_ratio": medians["eager"] / medians["kernel"]}  # fmt: skip
@@ -179,9 +195,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--doorbell", choices=["on", "off", "both"], default="on")
     parser.add_argument("--launch-core", choices=["timed", "taken", "both"], default="timed")
     parser.add_argument("--cupti", action="store_true", help="also a plain reading with CUPTI attached")
+    parser.add_argument("--harness", action="store_true", help="also a plain reading with the timed loop's own work")
     parser.add_argument("--trace", type=Path, help="write the verifier's batch readings here (JSON)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: the independent reading of one variant
     parser.add_argument("--attach-cupti", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--harness-loop", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     cpu = args.device == "cpu"
     args.variants = args.variants or (["cpp"] if cpu else ["fast", "fast_vec"])
@@ -189,7 +207,11 @@ def main(argv: list[str] | None = None) -> None:
     if cpu and (args.cupti or args.launch_core != "timed"):
         parser.error("--cupti and --launch-core are for --device cuda")
     if args.one:
-        print(json.dumps(independent(args.one, args.sizes, args.repeats, args.attach_cupti, args.device)))
+        print(
+            json.dumps(
+                independent(args.one, args.sizes, args.repeats, args.attach_cupti, args.device, args.harness_loop)
+            )
+        )
         return
     work = Path(tempfile.mkdtemp(prefix="concur-small-"))
     readings = [("plain", [], {"TEARDOWN_CUPTI": "0"})]
@@ -198,6 +220,10 @@ def main(argv: list[str] | None = None) -> None:
             ("plain, CUPTI attached", ["--attach-cupti"], {"TEARDOWN_CUPTI": "0"}),
             ("plain, CUPTI detached", ["--attach-cupti"], {"TEARDOWN_CUPTI": "1"}),
         ]
+    if args.harness:
+        readings.append(("plain, the timed loop's work", ["--harness-loop"], {"TEARDOWN_CUPTI": "0"}))
+        filtered = {"TEARDOWN_CUPTI": "0", "SMALL_SPEEDUPS_FILTER": "1"}
+        readings.append(("plain, the timed loop's work, filtered", ["--harness-loop"], filtered))
     if cpu:  # the plain loop's kernel built by the verifier's compiler; and by load_inline's own, where they differ
         from concur.verify.compiling import real_compiler
         from concur.verify.settings import resolve_host_compiler
