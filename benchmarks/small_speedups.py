@@ -11,7 +11,8 @@ thread on the launch core while it is timed and from its take on (orchestrate.LA
 readings taken after one profiled call of each model: CUPTI left attached, and CUPTI detached as the verifier's
 contestants detach it (TEARDOWN_CUPTI=1, contestant.let_cupti_detach); `--harness` adds two plain readings whose
 loops also do the timed loop's own work on each call (outputs kept, 4 random bytes drawn), the second under the
-seccomp filter the sides run under (sandbox.stay_in_tree);
+seccomp filter the sides run under (sandbox.stay_in_tree); `--pinned` a plain reading with the main thread on the
+core the verifier times each side's main thread on (referee.timing_core);
 `--trace FILE` writes each verification's batch readings (api.TRACE_SINK) there, as JSON. `--device cpu`: the same
 for the CPU's honest C++ relu_add (variant `cpp`), the plain loop timed by the host clock on the verifier's thread
 count (all cores, one worker), over a pool of inputs larger than twice the last-level cache, its extension built by
@@ -118,6 +119,8 @@ def independent(
         one = [t.to(device) for t in scope["get_inputs"]()]
         per_set = sum(t.numel() * t.element_size() for t in one)
         pool = [[torch.randn_like(t) for t in one] for _ in range(max(4, -(-2 * cache // per_set) + 1))]
+        if os.environ.get("SMALL_SPEEDUPS_CORE"):  # this (the main) thread alone, as the verifier places a side's
+            os.sched_setaffinity(0, [int(os.environ["SMALL_SPEEDUPS_CORE"])])
         if os.environ.get("SMALL_SPEEDUPS_FILTER") == "1":  # the seccomp filter every side's process runs under
             from concur.verify import sandbox
 
@@ -185,6 +188,20 @@ def verifier(
     }
 
 
+def launch_core(workers: int = 4) -> str:
+    """The core the verifier's referee of the first GPU runs a timed side's main thread on, with `workers` as
+    `verifier` sets them (orchestrate.referees, referee.split_cores and timing_core)."""
+    from concur.verify import referee, settings
+
+    mine, gpus = sorted(os.sched_getaffinity(0)), max(1, len(settings.visible_gpus()))
+    share, threads = max(1, len(mine) // gpus), max(1, settings.cores() // (gpus * (workers + 1)))
+    active, _ = referee.split_cores(mine[:share], threads)
+    main, _ = referee.timing_core(active)
+    if main is None:
+        raise SystemExit("--pinned: the verifier sets no launch core on this machine (fewer than 4 cores)")
+    return str(main)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -196,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--launch-core", choices=["timed", "taken", "both"], default="timed")
     parser.add_argument("--cupti", action="store_true", help="also a plain reading with CUPTI attached")
     parser.add_argument("--harness", action="store_true", help="also a plain reading with the timed loop's own work")
+    parser.add_argument("--pinned", action="store_true", help="also a plain reading on the verifier's launch core")
     parser.add_argument("--trace", type=Path, help="write the verifier's batch readings here (JSON)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: the independent reading of one variant
     parser.add_argument("--attach-cupti", action="store_true", help=argparse.SUPPRESS)
@@ -204,8 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     cpu = args.device == "cpu"
     args.variants = args.variants or (["cpp"] if cpu else ["fast", "fast_vec"])
     args.sizes = args.sizes or (["8x16", "64x256", "256x1024"] if cpu else ["256x1024", "1024x1024", "4096x4096"])
-    if cpu and (args.cupti or args.launch_core != "timed"):
-        parser.error("--cupti and --launch-core are for --device cuda")
+    if cpu and (args.cupti or args.pinned or args.launch_core != "timed"):
+        parser.error("--cupti, --pinned and --launch-core are for --device cuda")
     if args.one:
         print(
             json.dumps(
@@ -224,6 +242,10 @@ def main(argv: list[str] | None = None) -> None:
         readings.append(("plain, the timed loop's work", ["--harness-loop"], {"TEARDOWN_CUPTI": "0"}))
         filtered = {"TEARDOWN_CUPTI": "0", "SMALL_SPEEDUPS_FILTER": "1"}
         readings.append(("plain, the timed loop's work, filtered", ["--harness-loop"], filtered))
+    if args.pinned:
+        readings.append(
+            ("plain, on the launch core", [], {"TEARDOWN_CUPTI": "0", "SMALL_SPEEDUPS_CORE": launch_core()})
+        )
     if cpu:  # the plain loop's kernel built by the verifier's compiler; and by load_inline's own, where they differ
         from concur.verify.compiling import real_compiler
         from concur.verify.settings import resolve_host_compiler
