@@ -7,7 +7,8 @@ cold, as in a timed batch), CUDA events around each loop of at least 20 ms, the 
 ratio is shown beside it). The verifier's comes from `verify_frame` on the same candidates. The table shows both
 side by side and their ratio (the target: within 10 % on every row). `--doorbell both` verifies the candidates with
 the timed steps on the doorbell and on the socket alone, a row each; `--launch-core both` with each side's main
-thread on the launch core while it is timed and from its take on (orchestrate.LAUNCH_CORE); `--cupti` adds two plain
+thread on the launch core while it is timed and from its take on (orchestrate.LAUNCH_CORE), `all` also with none
+(`off`: each side's threads where the scheduler puts them, as in `kernelbench` mode); `--cupti` adds two plain
 readings taken after one profiled call of each model: CUPTI left attached, and CUPTI detached as the verifier's
 contestants detach it (TEARDOWN_CUPTI=1, contestant.let_cupti_detach); `--harness` adds two plain readings whose
 loops also do the timed loop's own work on each call (outputs kept, 4 random bytes drawn), the second under the
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", default="hardened", choices=["hardened", "kernelbench"])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--doorbell", choices=["on", "off", "both"], default="on")
-    parser.add_argument("--launch-core", choices=["timed", "taken", "both"], default="timed")
+    parser.add_argument("--launch-core", choices=["timed", "taken", "off", "both", "all"], default="timed")
     parser.add_argument("--cupti", action="store_true", help="also a plain reading with CUPTI attached")
     parser.add_argument("--harness", action="store_true", help="also a plain reading with the timed loop's own work")
     parser.add_argument("--pinned", action="store_true", help="also a plain reading on the verifier's launch core")
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
             plain[label][v] = json.loads(child.stdout.strip().splitlines()[-1])
             print(json.dumps({"reading": label, "variant": v, **plain[label][v]}), flush=True)  # kept if cut short
     bells = {"on": [True], "off": [False], "both": [True, False]}[args.doorbell]
-    holds = ["timed", "taken"] if args.launch_core == "both" else [args.launch_core]
+    holds = {"both": ["timed", "taken"], "all": ["timed", "taken", "off"]}.get(args.launch_core, [args.launch_core])
     judged, traces = {}, {}
     for bell in bells:
         for core in holds:
