@@ -192,6 +192,50 @@ def test_programs_that_read_their_own_source_are_judged(settings, tmp_path):
     assert verdict["status"] == "correct", verdict["reason"]
 
 
+CONFIGURED = """
+import torch
+import torch.nn as nn
+
+
+class _mock_config:  # as pytorch-jit-paritybench, and so KernelBook, pass a module its configuration
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+class Model(nn.Module):
+    def __init__(self, config, activation):
+        super().__init__()
+        self.scale, self.act = config.scale, activation
+        self.proj = nn.Linear(config.width, config.width)
+
+    def forward(self, x):
+        return self.act(self.proj(x)) * self.scale
+
+
+def get_inputs():
+    return [torch.randn(4, 16)]
+
+
+def get_init_inputs():
+    return [_mock_config(width=16, scale=0.5), nn.ReLU()]
+"""
+
+
+def test_init_inputs_that_cannot_cross_are_made_by_each_side(settings, tmp_path):
+    """A config object and a module as init inputs (27 of 125 KernelBook-format programs from paritybench's files):
+    no plain data, so each side calls the task's get_init_inputs itself under the referee's seed; the candidate's
+    weights then match the reference's. A candidate that reads the config wrongly is still incorrect."""
+    from concur.verify.reference import crosses
+
+    assert not crosses([object()]) and crosses([1, "a", [2.0, None]])
+    honest = CONFIGURED.replace("class Model(", "class ModelNew(")
+    verdict = verify_one(CONFIGURED, honest, settings, tmp_path / "honest")
+    assert verdict["status"] == "correct", verdict["reason"]
+    wrong = honest.replace("* self.scale", "* (self.scale + 1)")
+    verdict = verify_one(CONFIGURED, wrong, settings, tmp_path / "wrong")
+    assert verdict["status"] == "incorrect", verdict["reason"]
+
+
 def our_processes(folder: Path) -> list[int]:
     """Processes whose working directory lies under `folder` (the killed job, its referee, zygotes, contestants)."""
     found = []

@@ -28,6 +28,7 @@ from concur.verify.reference import (
     Clock,
     ReferenceFailed,
     TaskState,
+    init_inputs,
     kb_time_message,
     load_message,
     ref_ask,
@@ -57,9 +58,11 @@ def measure_baseline(referee: Referee, task: TaskState, settings: dict, name: st
         program = runner.folder / "reference.py"
         program.write_text(task.code)
         with reference_side():
-            init = referee.stage(runner, [task.init], "reference")[0] if task.init else []
+            init, init_program = init_inputs(referee, task, runner, "reference")
         task.runner = runner  # every reference step below (ref_ask, measure.time_reference) runs the compiled one
-        message = load_message(settings, "reference", "Model", program, init, None, COMPILE_BASELINES[name])
+        message = load_message(
+            settings, "reference", "Model", program, init, None, COMPILE_BASELINES[name], init_program
+        )
         reply = ref_ask(task, message, "reference")
         if reply.get("error") or not reply.get("has_class"):
             raise ReferenceFailed(reply.get("error") or "no Model")

@@ -117,6 +117,16 @@ class Contestant:
                 self.take(-1, [torch.zeros(2, dtype=getattr(torch, word), device=self.device)])
             self._sync()
             self.taken = []
+        try:  # before the program runs: the task's own get_init_inputs, where its values cannot cross
+            init_values = self._task_init(msg["init_program"], int(msg["seed"])) if msg.get("init_program") else None
+        except BaseException as err:
+            traceback.print_exc()
+            return {
+                "ok": False,
+                "has_class": False,
+                "syntax_error": False,
+                "error": f"get_init_inputs: {describe(err)}",
+            }
         self.own_build(msg.get("build_dir"))
         self.loader = ExtensionLoader(msg.get("build_dir") or os.getcwd(), allow_build=False)
         self.loader.install()
@@ -137,7 +147,7 @@ class Contestant:
         facts["has_class"] = True
         start = time.perf_counter()
         try:
-            init = [self._cast(v) for v in self._values(msg["init"])]
+            init = [self._cast(v) for v in (self._values(msg["init"]) if init_values is None else init_values)]
             with torch.no_grad():
                 torch.manual_seed(int(msg["seed"]))
                 model = cls(*init)
@@ -156,6 +166,16 @@ class Contestant:
             "init_s": time.perf_counter() - start,
             "counted_modules": self.loader.counted_modules,
         }
+
+    def _task_init(self, path: str, seed: int) -> list:
+        """The task's init inputs made here as the referee made them: its program's get_init_inputs() under `seed`,
+        tensors moved to this side's device (as KernelBench moves them)."""
+        import torch
+
+        namespace = exec_program(open(path).read(), path, "concur_task_init")
+        torch.manual_seed(seed)
+        values = list(namespace["get_init_inputs"]())
+        return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
 
     def own_build(self, build_dir: str | None) -> None:
         """Before any program runs here: the build cache and the verifier's work tree readable no more but for this

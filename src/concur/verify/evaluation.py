@@ -26,6 +26,7 @@ from concur.verify.reference import (
     ReferenceFailed,
     TaskState,
     call_timeout,
+    init_inputs,
     limit,
     load_message,
     mutated,
@@ -137,8 +138,9 @@ def load_candidate(bout: Bout) -> bool:
     referee, task, candidate, job, facts = bout.referee, bout.task, bout.candidate, bout.job, bout.report
     program = candidate.folder / "solution.py"
     program.write_text(job["solution"])
-    init = referee.stage(candidate, [task.init], "load")[0] if task.init else []
-    message = load_message(job["settings"], "candidate", "ModelNew", program, init, job.get("build_dir"))
+    init, init_program = init_inputs(referee, task, candidate, "load")
+    settings, build_dir = job["settings"], job.get("build_dir")
+    message = load_message(settings, "candidate", "ModelNew", program, init, build_dir, None, init_program)
     reply = candidate.ask(message, "load", bout.limit(LOAD_FLOOR_S))
     facts.load = Load(
         ok=bool(reply.get("ok")),

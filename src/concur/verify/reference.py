@@ -66,6 +66,8 @@ class TaskState:
         self.setup_s: dict[str, float] = {}  # where setting the task up went (benchmarks); emptied once reported
         self.has_double = None
         self.signed_finite: bool | None = None  # the reference's outputs finite on signed inputs (measure.signed_ok)
+        self.init: list = []
+        self.init_crosses = True  # the init inputs cross as plain data; else each side makes its own (init_inputs)
         try:
             self.namespace = exec_program(job["reference"], "reference.py", "concur_reference_" + self.key[:12])
             missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if n not in self.namespace]
@@ -76,6 +78,7 @@ class TaskState:
                 self.dtype = getattr(torch, contracts.PRECISIONS[self.precision])
             torch.manual_seed(SEED)
             self.init = list(self.namespace["get_init_inputs"]())
+            self.init_crosses = crosses(self.init)
         except BaseException as err:
             self.error = describe(err)
 
@@ -85,6 +88,29 @@ class TaskState:
             self.runner = None
         if self.referee.device == "cuda":  # the next task's tensors have other sizes: give the cached blocks back
             self.referee.torch.cuda.empty_cache()
+
+
+def crosses(values: list) -> bool:
+    """Whether values can cross to a contestant as plain data (tensors, numbers, strings and lists of them)."""
+    try:
+        exchange.specs_of(values)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def init_inputs(referee: Referee, task: TaskState, runner, stage: str) -> tuple[list, str | None]:
+    """How a side gets the task's init inputs: (specs in its input arena, None) where they cross as plain data;
+    else ([], a copy of the task's program in its folder), from which the side calls get_init_inputs itself under
+    the same seed as the referee did (KernelBook's programs pass config objects and modules to __init__). The init
+    inputs only make a side's own model, so what the side could do to them changes no verdict but its own."""
+    if not task.init:
+        return [], None
+    if task.init_crosses:
+        return referee.stage(runner, [task.init], stage)[0], None
+    program = runner.folder / "task_init.py"
+    program.write_text(task.code)
+    return [], str(program)
 
 
 def task_key(job: dict) -> str:
@@ -173,8 +199,10 @@ def setup_reference(referee: Referee, task: TaskState, settings: dict) -> None:
     program = runner.folder / "reference.py"
     program.write_text(task.code)
     with reference_side():
-        init = referee.stage(runner, [task.init], "reference")[0] if task.init else []
-    reply = ref_ask(task, load_message(settings, "reference", "Model", program, init, None), "reference")
+        init, init_program = init_inputs(referee, task, runner, "reference")
+    reply = ref_ask(
+        task, load_message(settings, "reference", "Model", program, init, None, None, init_program), "reference"
+    )
     if reply.get("error") or not reply.get("has_class"):
         raise ReferenceFailed(reply.get("error") or "no Model")
     clock("load")
@@ -294,13 +322,20 @@ TAKEN_PER_BATCH = 2  # calls of a batch read as they return, on average (contest
 
 
 def load_message(
-    settings: dict, role: str, class_name: str, program, init: list, build_dir, compile_mode: str | None = None
+    settings: dict,
+    role: str,
+    class_name: str,
+    program,
+    init: list,
+    build_dir,
+    compile_mode: str | None = None,
+    init_program: str | None = None,
 ) -> dict:
     """Both models are made the same way: seed 42, then the class on the same init inputs (KernelBench's order);
     models and floating inputs are cast to the task's precision as KernelBench does (kernelbench mode: float32 too,
     as KernelBench's default casts them). `compile_mode`: the reference under torch.compile (baselines.py). `taken`:
     where a call is done once its outputs are ready on the caller's stream, how many calls a batch are read as they
-    return (0: done at a device-wide synchronisation)."""
+    return (0: done at a device-wide synchronisation). `init_program`: init inputs that cannot cross (init_inputs)."""
     precision = settings.get("precision") or "fp32"
     cast = modes.of(settings).cast_float32 or precision != "fp32"
     return {
@@ -310,6 +345,7 @@ def load_message(
         "program": str(program),
         "seed": SEED,
         "init": init,
+        "init_program": init_program,
         "fixed_backend": modes.of(settings).fixed_backend,
         "taken": TAKEN_PER_BATCH if modes.of(settings).ready_check else 0,
         "cast": contracts.PRECISIONS[precision] if cast else None,
