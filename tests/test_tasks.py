@@ -136,6 +136,29 @@ def test_kernelbook_adapter_splices_at_the_parsers_lines(odd):
     assert namespace["Model"].__doc__ == f"odd{odd}line"
 
 
+def test_a_reference_whose_calls_change_its_state_is_rejected():
+    """A forward that updates what later calls compute with (as the observers of paritybench's quantization modules
+    do: 11 of 125 KernelBook-format tasks) cannot be matched, since the verifier calls the reference more often than
+    a candidate; random draws (dropout, seeded alike before each call) and a forward that writes into its own inputs
+    (each call gets copies) are kept."""
+    from concur.tasks.reference import STATEFUL, validate_programs
+
+    forward = "return torch.relu((x + y) * self.scale).sum(dim=-1)"
+    init = "self.scale = scale"
+    programs = {
+        "stateful": PROGRAM.replace(init, init + "\n        self.register_buffer('peak', torch.zeros(()))").replace(
+            forward, "self.peak.copy_(torch.maximum(self.peak, x.abs().max()))\n        return x / self.peak"
+        ),
+        "dropout": PROGRAM.replace(forward, "return torch.nn.functional.dropout(x + y, 0.5, training=True)"),
+        "in_place": PROGRAM.replace(forward, "x.add_(1)\n        return x * y"),
+        "plain": PROGRAM,
+    }
+    verdicts = validate_programs(list(programs.values()), 30, 64, 10, workers=1)
+    found = {name: (v["status"], v["reason"]) for name, v in zip(programs, verdicts)}
+    assert found["stateful"] == ("rejected", STATEFUL)
+    assert all(found[name] == ("ok", "") for name in ("dropout", "in_place", "plain")), found
+
+
 def test_references_are_sized_on_meta_and_only_small_ones_run_and_are_probed(tmp_path, caplog):
     """One stage over four programs: the checks on the meta device decide what runs on the CPU, only a real run
     rejects, and only programs run for real are probed."""

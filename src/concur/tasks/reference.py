@@ -226,13 +226,62 @@ def _run_reference(code: str, max_input_mb: float, max_gflop: float) -> dict:
         inputs = namespace["get_inputs"]()
         with torch.no_grad():
             model(*inputs)
+            stateful = _keeps_state(model, namespace["get_inputs"], inputs)
     except MemoryError:
         return {"status": "too_large", "reason": "ran out of memory on the CPU"}
     except RuntimeError as err:
         if "alloc" in str(err) and "memory" in str(err):
             return {"status": "too_large", "reason": f"ran out of memory on the CPU: {error_line(err)}"}
         raise
+    if stateful:
+        return {"status": "rejected", "reason": STATEFUL, "ran": True}  # it ran: its reason needs no prefix
     return {"status": "ok", "reason": ""}
+
+
+# Two calls on copies of the same inputs, each after the same seed (so dropout and other random draws agree), with a
+# call on other inputs between them, differ: forward keeps state across calls (observers' running ranges in
+# quantization modules, counters, caches). The verifier calls the reference on other inputs and more often than the
+# candidate, so an honest candidate's outputs cannot match.
+STATEFUL = "stateful: a call on other inputs changes what later calls return (forward updates the model's state)"
+
+
+def _keeps_state(model, get_inputs, inputs: list) -> bool:
+    """Whether a call on other inputs (drawn under another seed, floating ones tripled: a wider range) changes the
+    outputs of a call on `inputs`. Not judged (False) where forward fails on those other inputs."""
+    import torch
+
+    before = _seeded_call(model, inputs)
+    torch.manual_seed(2)
+    other = [x * 3 if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in get_inputs()]
+    try:
+        _seeded_call(model, other)
+    except Exception:
+        return False
+    return not _same(before, _seeded_call(model, inputs))
+
+
+def _seeded_call(model, inputs: list) -> list:
+    """Outputs of one call on copies of `inputs` (a forward that writes into its inputs changes no later call)."""
+    import torch
+
+    torch.manual_seed(1)
+    copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in _flatten(model(*copies))]
+
+
+def _same(first: list, second: list) -> bool:
+    """Outputs equal element for element (NaN equal to NaN), the non-tensor ones by ==."""
+    import torch
+
+    if len(first) != len(second):
+        return False
+    for a, b in zip(first, second):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a.nan_to_num(), b.nan_to_num()):
+                return False
+        elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or not (a == b or (a != a and b != b)):
+            return False
+    return True
 
 
 def _meta_cost(namespace: dict) -> tuple[float | None, float | None]:

@@ -167,7 +167,8 @@ def _validate(
     for task, verdict in zip(tasks.itertuples(index=False), verdicts):
         keep.append(verdict["status"] != "rejected")
         if verdict["status"] == "rejected":
-            failed.append(_report_row(task, f"reference does not run: {verdict['reason']}"))
+            reason = verdict["reason"] if verdict.get("ran") else f"reference does not run: {verdict['reason']}"
+            failed.append(_report_row(task, reason))
         elif verdict["status"] == "meta_only":
             unchecked.append(_report_row(task, verdict["reason"]))
         elif verdict["status"] != "ok":
