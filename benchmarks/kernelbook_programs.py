@@ -8,6 +8,10 @@ imports it names, its test case's inputs), then runs the tasks stage on them as 
 what came through and why the rest did not:
 
     python benchmarks/kernelbook_programs.py --paritybench <checkout>/generated --files 200 --out results/bench/kb_like
+
+`--verify N` then verifies N of the tasks that came through (in task order), each with its own program as the
+candidate (`ModelNew = Model`, the honest solution KernelBench's harness accepts), on `--device` in `kernelbench`
+mode, and prints the verdicts: every one should be correct.
 """
 
 from __future__ import annotations
@@ -201,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip", type=int, default=0, help="after the first K files")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default="results/bench/kernelbook_like")
+    parser.add_argument("--verify", type=int, default=0, help="then verify N tasks, each its own candidate")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where --verify runs")
     args = parser.parse_args(argv)
     from concur.tasks.stage import build_tasks
 
@@ -227,6 +233,39 @@ def main(argv: list[str] | None = None) -> None:
     print("\n| rejected because | rows |\n|---|---:|")
     for reason, n in reasons.most_common(12):
         print(f"| {reason} | {n} |")
+    if args.verify:
+        verify_own(train.head(args.verify), out, args.device)
+
+
+def verify_own(tasks, out: Path, device: str) -> None:
+    """Verify each task with its own program as the candidate, in `kernelbench` mode (hardened mode rejects a
+    candidate that replaces nothing); the verdicts go to out/verdicts.parquet."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from verify_frames import candidates_frame
+
+    from concur.verify import compile_frame, verify_frame
+
+    rows = [(f"{t.task_id}:own", t.task_id, t.code + "\n\nModelNew = Model\n") for t in tasks.itertuples()]
+    candidates = candidates_frame(rows)
+    settings = {"device": device, "mode": "kernelbench", "workers": 1 if device == "cpu" else 4}
+    settings["build_cache"] = str(out / "cache")
+    started = time.perf_counter()
+    builds = compile_frame(candidates, settings, out / "compile", False, tasks=tasks)
+    verdicts = verify_frame(candidates, tasks, settings, out / "verify", False, builds=builds)
+    seconds = time.perf_counter() - started
+    verdicts.to_parquet(out / "verdicts.parquet")
+    speedups = verdicts.loc[verdicts["correct"], "speedup"].astype(float)
+    measured = speedups.dropna()
+    flags = collections.Counter(f for row in verdicts["flags"].fillna("") for f in str(row).split(",") if f)
+    print(f"\n| own programs verified ({device}, kernelbench mode) | {len(verdicts)} in {seconds:.0f} s |\n|---|---|")
+    for status, n in verdicts["status"].value_counts().items():
+        print(f"| {status} | {n} |")
+    if len(measured):
+        quartiles = measured.quantile([0.0, 0.25, 0.5, 0.75, 1.0]).round(3).tolist()
+        print(f"| correct speedups, min / quartiles / max | {quartiles} ({len(speedups) - len(measured)} unresolved) |")
+    print(f"| flags | {dict(flags.most_common()) or 'none'} |")
+    for row in verdicts[~verdicts["correct"]].itertuples():
+        print(f"not correct: {row.task_id}: {row.status}: {str(row.reason)[:160]}")
 
 
 if __name__ == "__main__":
