@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 MIN_LOOP_S = 0.02
+GPU_WORKERS = 4  # contestants a GPU's referee keeps ready in `verifier`
 
 
 CPU_FIXTURES = ROOT / "tests" / "fixtures" / "verify"
@@ -73,7 +74,6 @@ def loop_ms(model, pool: list, calls: int, cuda: bool, harness: bool = False) ->
     import torch
 
     kept: list = []
-
     if cuda:
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -172,7 +172,7 @@ def verifier(
     candidates = candidates_frame(
         [(f"{size}:{v}", f"relu_add_{size}", solution_code(v, device)) for size in sizes for v in variants]
     )
-    workers = 4 if device == "cuda" else 1
+    workers = GPU_WORKERS if device == "cuda" else 1
     settings = {"device": device, "mode": mode, "workers": workers, "timeout_s": 300, "build_cache": str(cache)}
     builds = compile_frame(candidates, settings, work / "compile", False)
     if traced is not None:
@@ -189,14 +189,13 @@ def verifier(
     }
 
 
-def launch_core(workers: int = 4) -> str:
-    """The core the verifier's referee of the first GPU runs a timed side's main thread on, with `workers` as
-    `verifier` sets them (orchestrate.referees, referee.split_cores and timing_core)."""
-    from concur.verify import referee, settings
+def launch_core() -> str:
+    """The core the verifier's referee of the first GPU runs a timed side's main thread on, with the workers
+    `verifier` gives it (orchestrate.gpu_shares, referee.split_cores and timing_core, as the referee places it)."""
+    from concur.verify import orchestrate, referee
 
-    mine, gpus = sorted(os.sched_getaffinity(0)), max(1, len(settings.visible_gpus()))
-    share, threads = max(1, len(mine) // gpus), max(1, settings.cores() // (gpus * (workers + 1)))
-    active, _ = referee.split_cores(mine[:share], threads)
+    _, threads, cpus = orchestrate.gpu_shares(GPU_WORKERS)
+    active, _ = referee.split_cores(cpus[0], threads)
     main, _ = referee.timing_core(active)
     if main is None:
         raise SystemExit("--pinned: the verifier sets no launch core on this machine (fewer than 4 cores)")

@@ -117,20 +117,15 @@ class Contestant:
                 self.take(-1, [torch.zeros(2, dtype=getattr(torch, word), device=self.device)])
             self._sync()
             self.taken = []
+        facts = {"ok": False, "has_class": False, "syntax_error": False}
         try:  # before the program runs: the task's own get_init_inputs, where its values cannot cross
             init_values = self._task_init(msg["init_program"], int(msg["seed"])) if msg.get("init_program") else None
         except BaseException as err:
             traceback.print_exc()
-            return {
-                "ok": False,
-                "has_class": False,
-                "syntax_error": False,
-                "error": f"get_init_inputs: {describe(err)}",
-            }
+            return {**facts, "error": f"get_init_inputs: {describe(err)}"}
         self.own_build(msg.get("build_dir"))
         self.loader = ExtensionLoader(msg.get("build_dir") or os.getcwd(), allow_build=False)
         self.loader.install()
-        facts = {"ok": False, "has_class": False, "syntax_error": False}
         start = time.perf_counter()
         try:
             source = open(msg["program"]).read()

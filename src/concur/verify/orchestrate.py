@@ -235,20 +235,25 @@ class RefereeHandle:
 _POOL: tuple[tuple, list[RefereeHandle]] | None = None
 
 
+def gpu_shares(workers: int) -> tuple[list[str], int, list[list[int]]]:
+    """On a GPU node: the visible GPUs, each contestant's threads, and each GPU's referee's own cores (this
+    process's cores split evenly between them)."""
+    gpus = verify_settings.visible_gpus()
+    threads = max(1, verify_settings.cores() // (len(gpus) * (workers + 1)))
+    mine = sorted(os.sched_getaffinity(0))
+    share = max(1, len(mine) // len(gpus))
+    return gpus, threads, [mine[i * share : (i + 1) * share] for i in range(len(gpus))]
+
+
 def referees(settings: dict, cache_root: Path) -> list[RefereeHandle]:
     """One referee per visible GPU (each keeping `workers` contestants ready), or `workers` on the CPU; reused while
     the settings that shape them stay the same."""
     global _POOL
-    cores = verify_settings.cores()
     workers, cuda = int(settings["workers"]), settings["device"] == "cuda"
     if cuda:
-        gpus = verify_settings.visible_gpus()
-        slots, threads = gpus, max(1, cores // (len(gpus) * (workers + 1)))
-        mine = sorted(os.sched_getaffinity(0))
-        share = max(1, len(mine) // len(gpus))
-        cpus = [mine[i * share : (i + 1) * share] for i in range(len(gpus))]  # each GPU's referee its own cores
+        slots, threads, cpus = gpu_shares(workers)
     else:
-        slots, threads, cpus = [None] * workers, max(1, cores // workers), [None] * workers
+        slots, threads, cpus = [None] * workers, max(1, verify_settings.cores() // workers), [None] * workers
     shape = {  # what the referees are started with besides their GPU and cores; a change starts them again
         "device": settings["device"],
         "cache_root": cache_root,
