@@ -13,7 +13,10 @@ readings taken after one profiled call of each model: CUPTI left attached, and C
 contestants detach it (TEARDOWN_CUPTI=1, contestant.let_cupti_detach); `--harness` adds two plain readings whose
 loops also do the timed loop's own work on each call (outputs kept, 4 random bytes drawn), the second under the
 seccomp filter the sides run under (sandbox.stay_in_tree); `--pinned` a plain reading with the main thread on the
-core the verifier times each side's main thread on (referee.timing_core);
+core the verifier times each side's main thread on (referee.timing_core); `--busy` the same with a process
+spinning on each of the verifier's other cores (the rest of the referee and the timed side: its doorbell spin);
+`--bursts` two plain readings whose loops are as long as a timed batch (10 ms of the reference's calls, the same
+calls for the kernel), each after 5 ms asleep or spinning, as timed batches follow the referee's other steps;
 `--trace FILE` writes each verification's batch readings (api.TRACE_SINK) there, as JSON. `--device cpu`: the same
 for the CPU's honest C++ relu_add (variant `cpp`), the plain loop timed by the host clock on the verifier's thread
 count (all cores, one worker), over a pool of inputs larger than twice the last-level cache, its extension built by
@@ -38,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 MIN_LOOP_S = 0.02
+BATCH_S, BURSTS, BURST_GAP_S = 0.01, 4, 0.005  # --bursts: loops of a timed batch's length, each after a gap
 GPU_WORKERS = 4  # contestants a GPU's referee keeps ready in `verifier`
 
 
@@ -122,6 +126,7 @@ def independent(
         pool = [[torch.randn_like(t) for t in one] for _ in range(max(4, -(-2 * cache // per_set) + 1))]
         if os.environ.get("SMALL_SPEEDUPS_CORE"):  # this (the main) thread alone, as the verifier places a side's
             os.sched_setaffinity(0, [int(os.environ["SMALL_SPEEDUPS_CORE"])])
+        spinners = busy([int(c) for c in os.environ.get("SMALL_SPEEDUPS_BUSY", "").split(",") if c])
         if os.environ.get("SMALL_SPEEDUPS_FILTER") == "1":  # the seccomp filter every side's process runs under
             from concur.verify import sandbox
 
@@ -141,9 +146,20 @@ def independent(
                 loop_ms(model, pool, len(pool), cuda, harness)
                 per_call_s = loop_ms(model, pool, len(pool), cuda, harness) / 1000.0
                 calls[name] = max(len(pool), int(MIN_LOOP_S / max(per_call_s, 1e-7)))
-            for _ in range(repeats):
-                for name, model in models.items():
-                    times[name].append(loop_ms(model, pool, calls[name], cuda, harness))
+            burst = os.environ.get("SMALL_SPEEDUPS_BURST")  # "sleep" or "spin": batches as short as a timed one's
+            if burst:  # the same calls for both, B filling BATCH_S by the reference's pace (as timing.batch_size)
+                per_call_s = loop_ms(models["eager"], pool, len(pool), cuda, harness) / 1000.0
+                calls = dict.fromkeys(models, max(1, int(BATCH_S / max(per_call_s, 1e-7))))
+            try:
+                for _ in range(repeats * (BURSTS if burst else 1)):
+                    for name, model in models.items():
+                        if burst:
+                            rest(BURST_GAP_S, burst == "spin")
+                        times[name].append(loop_ms(model, pool, calls[name], cuda, harness))
+            finally:
+                for spinner in spinners:
+                    spinner.kill()
+                    spinner.wait()
         medians = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
         found[size] = {"eager_ms": min(times["eager"]), "kernel_ms": min(times["kernel"]),
                        "median_ratio": medians["eager"] / medians["kernel"]}  # fmt: skip
@@ -189,17 +205,35 @@ def verifier(
     }
 
 
-def launch_core() -> str:
+def launch_core() -> tuple[str, str]:
     """The core the verifier's referee of the first GPU runs a timed side's main thread on, with the workers
-    `verifier` gives it (orchestrate.gpu_shares, referee.split_cores and timing_core, as the referee places it)."""
+    `verifier` gives it (orchestrate.gpu_shares, referee.split_cores and timing_core, as the referee places it), and
+    the cores of the rest of the referee and the timed side, comma-separated."""
     from concur.verify import orchestrate, referee
 
     _, threads, cpus = orchestrate.gpu_shares(GPU_WORKERS)
     active, _ = referee.split_cores(cpus[0], threads)
-    main, _ = referee.timing_core(active)
+    main, rest = referee.timing_core(active)
     if main is None:
         raise SystemExit("--pinned: the verifier sets no launch core on this machine (fewer than 4 cores)")
-    return str(main)
+    return str(main), ",".join(map(str, rest))
+
+
+def rest(seconds: float, spin: bool) -> None:
+    """A gap between two bursts: asleep (the core may idle, as between two timed batches), or spinning on it."""
+    import time
+
+    if not spin:
+        return time.sleep(seconds)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def busy(cores: list[int]) -> list[subprocess.Popen]:
+    """A process spinning on each of `cores`, as the referee spins on its doorbell while a side is timed."""
+    spin = "import os, sys\nos.sched_setaffinity(0, [int(sys.argv[1])])\nwhile True:\n    pass\n"
+    return [subprocess.Popen([sys.executable, "-c", spin, str(core)]) for core in cores]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -214,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cupti", action="store_true", help="also a plain reading with CUPTI attached")
     parser.add_argument("--harness", action="store_true", help="also a plain reading with the timed loop's own work")
     parser.add_argument("--pinned", action="store_true", help="also a plain reading on the verifier's launch core")
+    parser.add_argument("--busy", action="store_true", help="also a pinned reading with the other cores spinning")
+    parser.add_argument("--bursts", action="store_true", help="also plain readings in short bursts, after gaps")
     parser.add_argument("--trace", type=Path, help="write the verifier's batch readings here (JSON)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: the independent reading of one variant
     parser.add_argument("--attach-cupti", action="store_true", help=argparse.SUPPRESS)
@@ -222,8 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     cpu = args.device == "cpu"
     args.variants = args.variants or (["cpp"] if cpu else ["fast", "fast_vec"])
     args.sizes = args.sizes or (["8x16", "64x256", "256x1024"] if cpu else ["256x1024", "1024x1024", "4096x4096"])
-    if cpu and (args.cupti or args.pinned or args.launch_core != "timed"):
-        parser.error("--cupti, --pinned and --launch-core are for --device cuda")
+    if cpu and (args.cupti or args.pinned or args.busy or args.launch_core != "timed"):
+        parser.error("--cupti, --pinned, --busy and --launch-core are for --device cuda")
     if args.one:
         print(
             json.dumps(
@@ -242,10 +278,17 @@ def main(argv: list[str] | None = None) -> None:
         readings.append(("plain, the timed loop's work", ["--harness-loop"], {"TEARDOWN_CUPTI": "0"}))
         filtered = {"TEARDOWN_CUPTI": "0", "SMALL_SPEEDUPS_FILTER": "1"}
         readings.append(("plain, the timed loop's work, filtered", ["--harness-loop"], filtered))
-    if args.pinned:
-        readings.append(
-            ("plain, on the launch core", [], {"TEARDOWN_CUPTI": "0", "SMALL_SPEEDUPS_CORE": launch_core()})
-        )
+    if args.bursts:
+        for how in ("sleep", "spin"):
+            label = f"plain, {BATCH_S * 1000:g} ms bursts after {BURST_GAP_S * 1000:g} ms of {how}"
+            readings.append((label, [], {"TEARDOWN_CUPTI": "0", "SMALL_SPEEDUPS_BURST": how}))
+    if args.pinned or args.busy:
+        main_core, rest = launch_core()
+        pinned = {"TEARDOWN_CUPTI": "0", "SMALL_SPEEDUPS_CORE": main_core}
+        if args.pinned:
+            readings.append(("plain, on the launch core", [], pinned))
+        if args.busy:
+            readings.append(("plain, on the launch core, the rest busy", [], {**pinned, "SMALL_SPEEDUPS_BUSY": rest}))
     if cpu:  # the plain loop's kernel built by the verifier's compiler; and by load_inline's own, where they differ
         from concur.verify.compiling import real_compiler
         from concur.verify.settings import resolve_host_compiler
@@ -264,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
                 + extra,
                 stdout=subprocess.PIPE,
                 text=True,
-                env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / f"ext-{v}-{n}"), **env),
+                env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / f"ext-{v}-{n if cpu else 0}"), **env),
                 check=True,
             )
             plain[label][v] = json.loads(child.stdout.strip().splitlines()[-1])

@@ -112,3 +112,16 @@ def test_paritybench_test_cases_become_kernelbook_rows_the_loader_takes(tmp_path
     exec(adapt_kernelbook(code, "Scaled"), namespace)
     model = namespace["Model"](*namespace["get_init_inputs"]())
     assert model(*namespace["get_inputs"]()).shape == (4, 4) and model.scale == 2.0
+
+
+def test_the_contestant_loop_probe_reports_through_the_verifier(tmp_path):
+    """The probe candidate of loop_in_contestant passes the static screen, runs its loops inside a hardened CPU
+    contestant, and its three readings come back through its verdict's reason (the CPU's honest C++ relu_add)."""
+    from concur.verify.screen import screen
+
+    bench = load_benchmark("loop_in_contestant")
+    assert screen(bench.probe_program("fast", "256x1024")) == []
+    found = bench.readings(["cpp"], ["8x16"], tmp_path, "cpu", loops=2, calls=100)["8x16:cpp"]
+    assert isinstance(found, dict) and list(found) == list(bench.READINGS), found
+    assert all(eager > 0 and kernel > 0 for eager, kernel in found.values()), found
+    assert bench.parse("RuntimeError: no reading") is None

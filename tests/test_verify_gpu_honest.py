@@ -76,3 +76,16 @@ def test_microsecond_task_times_resolve_to_a_possible_speedup(verdicts):
             assert 0.3 < row["speedup"] < 8.0, (mode, variant, row["speedup"])
             assert row["ref_median_ms"] > 0 and row["new_median_ms"] > 0, (mode, variant)
         assert table.loc["relu_add_small:fast", "speedup"] > 1.0, mode
+
+
+def test_init_inputs_that_cannot_cross_are_made_on_the_gpu_by_each_side(tmp_path):
+    """A config object and a module as init inputs: each side makes them itself from the task's program and moves
+    the model it builds to the GPU; the task's own program as the candidate then matches the reference."""
+    from test_verify import CONFIGURED
+
+    from concur.verify import verify_one
+
+    honest = CONFIGURED.replace("class Model(", "class ModelNew(")
+    settings = {**SETTINGS, "mode": "kernelbench", "build_cache": str(tmp_path / "cache")}
+    verdict = verify_one(CONFIGURED, honest, settings, tmp_path / "job")
+    assert verdict["status"] == "correct", verdict["reason"]
