@@ -15,8 +15,9 @@ loops also do the timed loop's own work on each call (outputs kept, 4 random byt
 seccomp filter the sides run under (sandbox.stay_in_tree); `--pinned` a plain reading with the main thread on the
 core the verifier times each side's main thread on (referee.timing_core); `--busy` the same with a process
 spinning on each of the verifier's other cores (the rest of the referee and the timed side: its doorbell spin);
-`--bursts` two plain readings whose loops are as long as a timed batch (10 ms of the reference's calls, the same
-calls for the kernel), each after 5 ms asleep or spinning, as timed batches follow the referee's other steps;
+`--bursts [GAP_MS]` two plain readings whose loops are as long as a timed batch (10 ms of the reference's calls, the
+same calls for the kernel), each after a gap (5 ms unless given) asleep or spinning, as timed batches follow the
+referee's other steps;
 `--trace FILE` writes each verification's batch readings (api.TRACE_SINK) there, as JSON. `--device cpu`: the same
 for the CPU's honest C++ relu_add (variant `cpp`), the plain loop timed by the host clock on the verifier's thread
 count (all cores, one worker), over a pool of inputs larger than twice the last-level cache, its extension built by
@@ -41,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 MIN_LOOP_S = 0.02
-BATCH_S, BURSTS, BURST_GAP_S = 0.01, 4, 0.005  # --bursts: loops of a timed batch's length, each after a gap
+BATCH_S, BURSTS = 0.01, 4  # --bursts: loops of a timed batch's length, each after a gap
 GPU_WORKERS = 4  # contestants a GPU's referee keeps ready in `verifier`
 
 
@@ -146,7 +147,7 @@ def independent(
                 loop_ms(model, pool, len(pool), cuda, harness)
                 per_call_s = loop_ms(model, pool, len(pool), cuda, harness) / 1000.0
                 calls[name] = max(len(pool), int(MIN_LOOP_S / max(per_call_s, 1e-7)))
-            burst = os.environ.get("SMALL_SPEEDUPS_BURST")  # "sleep" or "spin": batches as short as a timed one's
+            burst, _, gap_ms = os.environ.get("SMALL_SPEEDUPS_BURST", "").partition(":")  # "sleep:5", "spin:5"
             if burst:  # the same calls for both, B filling BATCH_S by the reference's pace (as timing.batch_size)
                 per_call_s = loop_ms(models["eager"], pool, len(pool), cuda, harness) / 1000.0
                 calls = dict.fromkeys(models, max(1, int(BATCH_S / max(per_call_s, 1e-7))))
@@ -154,7 +155,7 @@ def independent(
                 for _ in range(repeats * (BURSTS if burst else 1)):
                     for name, model in models.items():
                         if burst:
-                            rest(BURST_GAP_S, burst == "spin")
+                            rest(float(gap_ms) / 1000.0, burst == "spin")
                         times[name].append(loop_ms(model, pool, calls[name], cuda, harness))
             finally:
                 for spinner in spinners:
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--harness", action="store_true", help="also a plain reading with the timed loop's own work")
     parser.add_argument("--pinned", action="store_true", help="also a plain reading on the verifier's launch core")
     parser.add_argument("--busy", action="store_true", help="also a pinned reading with the other cores spinning")
-    parser.add_argument("--bursts", action="store_true", help="also plain readings in short bursts, after gaps")
+    parser.add_argument("--bursts", type=float, nargs="?", const=5.0, metavar="GAP_MS", help="also short bursts")
     parser.add_argument("--trace", type=Path, help="write the verifier's batch readings here (JSON)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: the independent reading of one variant
     parser.add_argument("--attach-cupti", action="store_true", help=argparse.SUPPRESS)
@@ -278,10 +279,10 @@ def main(argv: list[str] | None = None) -> None:
         readings.append(("plain, the timed loop's work", ["--harness-loop"], {"TEARDOWN_CUPTI": "0"}))
         filtered = {"TEARDOWN_CUPTI": "0", "SMALL_SPEEDUPS_FILTER": "1"}
         readings.append(("plain, the timed loop's work, filtered", ["--harness-loop"], filtered))
-    if args.bursts:
+    if args.bursts is not None:
         for how in ("sleep", "spin"):
-            label = f"plain, {BATCH_S * 1000:g} ms bursts after {BURST_GAP_S * 1000:g} ms of {how}"
-            readings.append((label, [], {"TEARDOWN_CUPTI": "0", "SMALL_SPEEDUPS_BURST": how}))
+            label = f"plain, {BATCH_S * 1000:g} ms bursts after {args.bursts:g} ms of {how}"
+            readings.append((label, [], {"TEARDOWN_CUPTI": "0", "SMALL_SPEEDUPS_BURST": f"{how}:{args.bursts}"}))
     if args.pinned or args.busy:
         main_core, rest = launch_core()
         pinned = {"TEARDOWN_CUPTI": "0", "SMALL_SPEEDUPS_CORE": main_core}

@@ -235,12 +235,13 @@ def timed_batch(
     kinds = kinds or ["random"] * len(seeds)
     values = [referee.draw(task, s, kind) for s, kind in zip(seeds, kinds)]
     specs = referee.layout(runner, values, "timing")
+    staged, values = referee.staged(values, specs)
     begin = time.perf_counter()  # recorded, not counted: nothing of this batch's inputs is in the arena yet
     answered(ask({"op": "prepare", "calls": [{"args": sp} for sp in specs]}, "timing", 60.0, spin=True))
     prepare_ms = 1000.0 * (time.perf_counter() - begin)
     go = {"op": "go", "seeds": seeds if task.stochastic else None}
     timeout = call_timeout(task, len(seeds)) if limit is None else limit(len(seeds))
-    timed = timed_round(referee, runner, go, timeout, task.meta, len(seeds), values, specs, gather)
+    timed = timed_round(referee, runner, go, timeout, task.meta, len(seeds), values, specs, gather, staged)
     reply = timed["reply"]
     return {
         "forward_ms": timed["go_ms"],
@@ -496,9 +497,12 @@ def charged(forward: list[float], stages: list[float], handoffs: list[float], pl
 
 def whole_call(torch, number: int, calls: int, i: int, seeds: list, batch: dict, copy: bool) -> tuple:
     """check_whole's arguments for call `i` of timed batch `number`: its outputs copied where a later hand-off
-    would overwrite them."""
-    outputs = [o.clone() if copy and isinstance(o, torch.Tensor) else o for o in batch["outputs"][i]]
-    return f"call {number * calls + i + 1}", seeds[i], batch["values"][i], outputs, batch["kinds"][i]
+    would overwrite them, and then its inputs too (views of the batch's staged buffer, which they would keep)."""
+    outputs, values = (
+        [v.clone() if copy and isinstance(v, torch.Tensor) else v for v in batch[key][i]]
+        for key in ("outputs", "values")
+    )
+    return f"call {number * calls + i + 1}", seeds[i], values, outputs, batch["kinds"][i]
 
 
 def check_whole(bout: Bout, where: str, seed: int, values: list, outputs: list, kind: str, precise: bool = True) -> str:

@@ -371,10 +371,20 @@ def ref_round(referee: Referee, task: TaskState, calls: list[list[dict]]) -> dic
 
 
 def timed_round(
-    referee, runner, go: dict, timeout: float, meta: list[dict], n: int, calls=None, specs=None, gather=None
+    referee,
+    runner,
+    go: dict,
+    timeout: float,
+    meta: list[dict],
+    n: int,
+    calls=None,
+    specs=None,
+    gather=None,
+    staged=None,
 ) -> dict:
     """A timed batch of `n` calls after the runner's `prepare`: its forward (timed_go), then the hand-off of its
     outputs (referee.timed_handoff), on the referee's clock, the second span starting where the first stopped.
+    `calls`, `specs`: the inputs written on the clock, in one copy of `staged` where Referee.staged made it.
     `meta`: the reference's output metadata of one call, which sizes the output arena beforehand; `gather(arena,
     base)` reads the outputs on the hand-off's clock (the arena's bytes, the hand-off's random offset:
     measure.Sampler). Returns timed_go's readings with the forward's reply (`reply`, naming its outputs),
@@ -387,7 +397,7 @@ def timed_round(
     def land(base: int):
         return gather(arena.bytes, base) if gather else None
 
-    timed = timed_go(referee, runner, go, timeout, calls, specs, n)
+    timed = timed_go(referee, runner, go, timeout, calls, specs, n, staged)
     handed = referee.timed_handoff(runner, timeout, timed["reply"], land, n, since=timed["replied_at"])
     reply = timed["reply"] = handed["go"]
     if not reply.get("ok"):
@@ -405,12 +415,19 @@ def timed_round(
 
 
 def timed_go(
-    referee, runner, go: dict, timeout: float, calls: list | None = None, specs: list | None = None, n: int = 0
+    referee,
+    runner,
+    go: dict,
+    timeout: float,
+    calls: list | None = None,
+    specs: list | None = None,
+    n: int = 0,
+    staged=None,
 ):
-    """The forward of a timed batch, on the referee's clock: the batch's inputs written into the runner's arena (the
-    contestant has made its views of it already, but nothing it could compute on before this clock started), the
-    caches flushed, then `go` rung and sent, until the contestant rings back (without the doorbell: sends its
-    notice, Runner.ring).
+    """The forward of a timed batch, on the referee's clock: the batch's inputs written into the runner's arena (in
+    one copy where they were `staged`: Referee.staged; the contestant has made its views of it already, but nothing
+    it could compute on before this clock started), the caches flushed, then `go` rung and sent, until the
+    contestant rings back (without the doorbell: sends its notice, Runner.ring).
     On the CPU the runner's processes are stopped while it is written. Returns the reply (None where it is still to
     be read: see timed_round), `stage_ms` (writing and flush), `go_ms` (the rest: the batch's forward), the
     runner's `cpu_s` during go, when `go` was sent and answered (`sent_at`, `replied_at`: the monotonic clock), and
@@ -418,12 +435,14 @@ def timed_go(
     held = referee.hold(runner)
     begin = time.perf_counter()
     try:
-        if calls:
+        if staged is not None:
+            referee.write_staged(runner, staged)
+        elif calls:
             referee.write(runner, calls, specs)
         referee.flush()
     finally:
         referee.release(held)
-    staged = time.perf_counter()
+    written = time.perf_counter()
     # on the clock: a referee held up here (a slow read of a large process tree) leaves no untimed gap after the
     # writing in which work a candidate deferred could run; the round trip calibrated on the reference holds it too
     cpu = procs.cpu_seconds(runner.pid)
@@ -433,8 +452,8 @@ def timed_go(
     end = rung or time.perf_counter()
     return {
         "reply": reply,
-        "stage_ms": 1000.0 * (staged - begin),
-        "go_ms": 1000.0 * (end - staged),
+        "stage_ms": 1000.0 * (written - begin),
+        "go_ms": 1000.0 * (end - written),
         "cpu_s": procs.cpu_seconds(runner.pid) - cpu,
         "sent_at": sent,
         "replied_at": end,
