@@ -212,6 +212,20 @@ def test_tolerance_follows_kernelbench_unless_set():
     assert comparisons.tolerance("torch.float32", {"atol": 1e-2, "rtol": 1e-3}) == (1e-2, 1e-3)
 
 
+def test_two_calls_are_identical_only_bit_for_bit_with_nan_where_both_have_it():
+    """comparisons.identical decides whether a reference draws random numbers (reference.stochastic) and whether a
+    task's program keeps state (the tasks stage): a deterministic NaN output is the same answer twice, and a NaN
+    against a number, or infinity against the largest float, is not."""
+    nan, big = float("nan"), torch.finfo(torch.float32).max
+    out = torch.tensor([1.0, nan, float("inf")])
+    assert comparisons.identical([out, 2, nan], [out.clone(), 2, nan])
+    assert not comparisons.identical([out], [torch.tensor([1.0, 0.0, float("inf")])])
+    assert not comparisons.identical([out], [torch.tensor([1.0, nan, big])])
+    assert not comparisons.identical([torch.tensor([1, 2])], [torch.tensor([1, 3])])
+    assert not comparisons.identical([torch.zeros(2)], [torch.zeros(2, dtype=torch.float64)])
+    assert not comparisons.identical([out], [out, out]) and not comparisons.identical([1.0], [torch.ones(1)])
+
+
 def test_nan_never_passes_and_inf_fails_only_in_hardened():
     ref = [torch.tensor([1.0, float("inf"), float("nan")])]
     assert not comparisons.compare([ref[0].clone()], ref, {}, strict_finite=False).allclose  # NaN != NaN

@@ -250,6 +250,8 @@ def _keeps_state(model, get_inputs, inputs: list) -> bool:
     outputs of a call on `inputs`. Not judged (False) where forward fails on those other inputs."""
     import torch
 
+    from concur.verify import comparisons
+
     before = _seeded_call(model, inputs)
     torch.manual_seed(2)
     other = [x * 3 if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in get_inputs()]
@@ -257,7 +259,7 @@ def _keeps_state(model, get_inputs, inputs: list) -> bool:
         _seeded_call(model, other)
     except Exception:
         return False
-    return not _same(before, _seeded_call(model, inputs))
+    return not comparisons.identical(before, _seeded_call(model, inputs))
 
 
 def _seeded_call(model, inputs: list) -> list:
@@ -267,21 +269,6 @@ def _seeded_call(model, inputs: list) -> list:
     torch.manual_seed(1)
     copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
     return [x.clone() if isinstance(x, torch.Tensor) else x for x in _flatten(model(*copies))]
-
-
-def _same(first: list, second: list) -> bool:
-    """Outputs equal element for element (NaN equal to NaN), the non-tensor ones by ==."""
-    import torch
-
-    if len(first) != len(second):
-        return False
-    for a, b in zip(first, second):
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a.nan_to_num(), b.nan_to_num()):
-                return False
-        elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or not (a == b or (a != a and b != b)):
-            return False
-    return True
 
 
 def _meta_cost(namespace: dict) -> tuple[float | None, float | None]:

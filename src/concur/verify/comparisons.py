@@ -124,6 +124,29 @@ def _allclose(a, b, atol: float, rtol: float) -> bool:
     return bool(torch.allclose(a.double(), b.double(), atol=atol, rtol=rtol))
 
 
+def identical(first: list, second: list) -> bool:
+    """Two calls' outputs equal element for element, NaN equal to NaN only where both are NaN; the non-tensor ones
+    by == (NaN equal to NaN too): whether a program gave the same answer twice (stochastic, stateful)."""
+    import torch
+
+    if len(first) != len(second):
+        return False
+    for a, b in zip(first, second):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                return False
+            if torch.equal(a, b):
+                continue
+            nan = a.isnan() if a.is_floating_point() or a.is_complex() else None
+            if nan is None or not torch.equal(nan, b.isnan()):
+                return False
+            if not torch.equal(torch.where(nan, 0, a), torch.where(nan, 0, b)):
+                return False
+        elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or not (a == b or (a != a and b != b)):
+            return False
+    return True
+
+
 def max_abs_error(a, b) -> float:
     """Largest |a - b| over the elements, matching NaNs counting as equal, a NaN against a number as infinite."""
     import torch

@@ -314,8 +314,7 @@ def stochastic(referee: Referee, task: TaskState, specs: list[dict]) -> bool:
         reply = ref_ask(task, {"op": "call", "calls": [{"args": specs, "seed": seed}]}, "reference")
         got, _ = ref_handoff(referee, task, reply["outs"])
         outputs.append([o.clone() if isinstance(o, referee.torch.Tensor) else o for o in got[0]])
-    torch = referee.torch
-    return not all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(*outputs))
+    return not comparisons.identical(*outputs)
 
 
 TAKEN_PER_BATCH = 2  # calls of a batch read as they return, on average (contestant.take); all of a batch of 2 or 1
