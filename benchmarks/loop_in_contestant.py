@@ -27,7 +27,7 @@ MARK = "INSIDE"
 
 PROBE = r"""
 
-import time as _time
+import os
 
 
 class _Probe(nn.Module):
@@ -38,28 +38,14 @@ class _Probe(nn.Module):
         self.calls = 0
         self.found = []
 
-    def _loop(self, model, inputs, calls):
-        cuda = inputs[0][0].is_cuda
-        if cuda:
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        begin = _time.perf_counter()
-        for i in range(calls):
-            model(*inputs[i % len(inputs)])
-        if not cuda:
-            return (_time.perf_counter() - begin) * 1e6 / calls
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1000.0 / calls
-
     def _time(self, inputs):
+        cuda = inputs[0][0].is_cuda
         for model in (self.eager, self.kernel):
-            self._loop(model, inputs, 64)
+            loop_ms(model, inputs, 64, cuda)
         eager, kernel = [], []
         for _ in range(LOOPS):
-            eager.append(self._loop(self.eager, inputs, CALLS))
-            kernel.append(self._loop(self.kernel, inputs, CALLS))
+            eager.append(1000.0 * loop_ms(self.eager, inputs, CALLS, cuda))
+            kernel.append(1000.0 * loop_ms(self.kernel, inputs, CALLS, cuda))
         return [min(eager), min(kernel)]
 
     def forward(self, *args):
@@ -80,13 +66,16 @@ ModelNew = _Probe
 
 
 def probe_program(variant: str, size: str, device: str = "cuda", loops: int = 5, calls: int = 1000) -> str:
-    """The task's program with its Model renamed, the variant's with its ModelNew renamed, and the probe."""
-    from small_speedups import solution_code, task_code
+    """The task's program with its Model renamed, the variant's with its ModelNew renamed, and the probe, which
+    times with the plain reading's own loop (small_speedups.loop_ms, its source copied in)."""
+    import inspect
+
+    from small_speedups import loop_ms, solution_code, task_code
 
     task = task_code(size, device).replace("class Model(", "class _Eager(")
     kernel = solution_code(variant, device).replace("class ModelNew(", "class _Kernel(")
     probe = PROBE.replace("LOOPS", str(loops)).replace("CALLS", str(calls)).replace("MARK", MARK)
-    return task + "\n" + kernel + probe
+    return task + "\n" + kernel + probe.replace("class _Probe", inspect.getsource(loop_ms) + "\n\nclass _Probe", 1)
 
 
 def parse(reason: str) -> dict[str, tuple[float, float]] | None:

@@ -6,6 +6,7 @@ import math
 import os
 import random
 import socket
+import statistics
 import struct
 import threading
 import time
@@ -490,6 +491,25 @@ def test_stopping_rules():
     assert timing.budget_spent([400.0] * 3, 1, 0.1)
     assert not timing.budget_spent([40.0] * 3, 1, 0.1)
     assert timing.speedup(Times(best_ms=2.0), Times(best_ms=1.0)) == 2.0
+
+
+def test_copies_that_ran_slow_do_not_cut_an_honest_kernels_timing_short():
+    """A 2-core CPU run: the honest kernel's hand-offs took 16 and 24 ms against the reference's 4, which charged
+    in its batches read 3.6 times the reference's median and stopped it as clearly slower after 3 batches (its
+    speedup 0.42, where other runs read 1.2-1.7). The forwards alone decide; a kernel slow in its forwards still
+    stops."""
+    from types import SimpleNamespace
+
+    from concur.verify import measure
+
+    task = SimpleNamespace(overhead_ms=0.0)
+    plan = measure.Plan(calls=7, forward=[7.07, 11.6, 4.87], stage=[3.0] * 3, handoff=[2.74, 5.61, 4.14])
+    ran = measure.Replay(whole_at=(0, 0), forward=[16.0, 11.1, 5.8], stage=[3.0] * 3, handoff=[16.22, 4.73, 24.45])
+    billed = measure.charged(ran.forward, ran.stage, ran.handoff, plan, 0.0)
+    assert statistics.median(billed) > timing.SLOWER_STOP * statistics.median(plan.per_call(task))  # as charged
+    assert not measure.replayed_enough(ran, plan, task, budget_s=0.05)
+    ran.forward = [f * 4 for f in ran.forward]
+    assert measure.replayed_enough(ran, plan, task, budget_s=0.05)
 
 
 @pytest.mark.parametrize("batch_ms", [1e-4, 0.5, 7.0, 10.0, 33.0, 150.0, 400.0, 5000.0])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import secrets
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -468,10 +469,17 @@ def replay(bout: Bout, plan: Plan, timed: Timed) -> Replay:
                 j for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i]) if j not in timed.mutated
             ]
         ran.billed = charged(ran.forward, ran.stage, ran.handoff, plan, task.overhead_ms)
-        median_ms = plan.summary(task).median_ms
-        if timed.mismatch or timed.unready or timing.candidate_done(ran.billed, calls, budget_s, median_ms):
+        if timed.mismatch or timed.unready or replayed_enough(ran, plan, task, budget_s):
             break
     return ran
+
+
+def replayed_enough(ran: Replay, plan: Plan, task: TaskState, budget_s: float) -> bool:
+    """timing.candidate_done on the forwards alone, both sides': the copies' noise is the machine's, and charged
+    it would stop an honest kernel as clearly slower on a batch or two that copied slowly (what the copies add
+    still counts in every batch's time: `ran.billed`)."""
+    forward = timing.per_call_times(ran.forward, task.overhead_ms, plan.calls)
+    return timing.candidate_done(forward, plan.calls, budget_s, statistics.median(plan.per_call(task)))
 
 
 @contextlib.contextmanager

@@ -132,7 +132,8 @@ def planned_batches(batch_ms: float, budget_s: float) -> int:
 def candidate_done(per_call: list[float], calls: int, budget_s: float, reference_median_ms: float) -> bool:
     """The candidate's speedup is known well enough: its own time budget is spent, or it is clearly slower (over
     SLOWER_MIN_BATCHES batches, or over `budget_s` of batches: one batch of a kernel that takes seconds).
-    `per_call`: its batches' times, charged (timing.charged)."""
+    `per_call`: its batches' forward times per call, and `reference_median_ms` the reference's, copies not charged:
+    the copies' noise is the machine's, and charged it would cut an honest kernel's timing short as slower."""
     settled = len(per_call) >= SLOWER_MIN_BATCHES or sum(per_call) * calls >= 1000.0 * budget_s
     if settled and statistics.median(per_call) > SLOWER_STOP * reference_median_ms:
         return True
