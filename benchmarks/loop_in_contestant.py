@@ -90,19 +90,10 @@ def parse(reason: str) -> dict[str, tuple[float, float]] | None:
 
 def readings(variants: list[str], sizes: list[str], work: Path, device: str = "cuda", **probe) -> dict:
     """Per candidate ("size:variant"): the probe's readings, or its verdict where it did not report."""
-    from small_speedups import GPU_WORKERS, task_code
-    from verify_frames import candidates_frame, tasks_frame
+    from small_speedups import verdicts
 
-    from concur.verify import compile_frame, verify_frame
-
-    tasks = tasks_frame([(f"relu_add_{size}", task_code(size, device)) for size in sizes])
-    rows = [(f"{s}:{v}", f"relu_add_{s}", probe_program(v, s, device, **probe)) for s in sizes for v in variants]
-    candidates = candidates_frame(rows)
-    workers = GPU_WORKERS if device == "cuda" else 1
-    settings = {"device": device, "mode": "hardened", "workers": workers, "timeout_s": 300}
-    settings["build_cache"] = str(work / "cache")
-    builds = compile_frame(candidates, settings, work / "compile", False)
-    table = verify_frame(candidates, tasks, settings, work / "verify", False, builds=builds).set_index("candidate_id")
+    program = lambda variant, size: probe_program(variant, size, device, **probe)  # noqa: E731
+    table = verdicts(program, variants, sizes, "hardened", work, work / "cache", device)
     return {cid: parse(str(row["reason"])) or f"{row['status']}: {row['reason']}" for cid, row in table.iterrows()}
 
 

@@ -179,15 +179,28 @@ def verifier(
     device: str = "cuda",
 ) -> dict:
     """The verifier's readings; `traced`: a dict given each candidate's trace and timing summary."""
-    from verify_frames import candidates_frame, tasks_frame
-
-    from concur.verify import api, compile_frame, orchestrate, verify_frame
+    from concur.verify import orchestrate
 
     orchestrate.DOORBELL, orchestrate.LAUNCH_CORE = bell, core  # the referees start again (their pool's key)
+    program = lambda variant, size: solution_code(variant, device)  # noqa: E731
+    table = verdicts(program, variants, sizes, mode, work, cache, device, traced)
+    return {
+        cid: (row["status"], row["speedup"], row["ref_best_ms"], row["new_best_ms"]) for cid, row in table.iterrows()
+    }
+
+
+def verdicts(
+    program, variants: list[str], sizes: list[str], mode: str, work: Path, cache: Path, device: str, traced=None
+):
+    """The verdict table (by candidate id, "size:variant") of `program(variant, size)` on relu_add at each size,
+    built and verified as the verifier's readings are; `traced`: as in `verifier`."""
+    from verify_frames import candidates_frame, tasks_frame
+
+    from concur.verify import api, compile_frame, verify_frame
 
     tasks = tasks_frame([(f"relu_add_{size}", task_code(size, device)) for size in sizes])
     candidates = candidates_frame(
-        [(f"{size}:{v}", f"relu_add_{size}", solution_code(v, device)) for size in sizes for v in variants]
+        [(f"{size}:{v}", f"relu_add_{size}", program(v, size)) for size in sizes for v in variants]
     )
     workers = GPU_WORKERS if device == "cuda" else 1
     settings = {"device": device, "mode": mode, "workers": workers, "timeout_s": 300, "build_cache": str(cache)}
@@ -200,10 +213,7 @@ def verifier(
         table = verify_frame(candidates, tasks, settings, work / "verify", False, builds=builds)
     finally:
         api.TRACE_SINK = None
-    table = table.set_index("candidate_id")
-    return {
-        cid: (row["status"], row["speedup"], row["ref_best_ms"], row["new_best_ms"]) for cid, row in table.iterrows()
-    }
+    return table.set_index("candidate_id")
 
 
 def launch_core() -> tuple[str, str]:
