@@ -10,8 +10,13 @@ what came through and why the rest did not:
     python benchmarks/kernelbook_programs.py --paritybench <checkout>/generated --files 200 --out results/bench/kb_like
 
 `--verify N` then verifies N of the tasks that came through (in task order), each with its own program as the
-candidate (`ModelNew = Model`, the honest solution KernelBench's harness accepts), on `--device` in `kernelbench`
-mode, and prints the verdicts: every one should be correct.
+candidate, on `--device` in `--mode`, and prints the verdicts. In `kernelbench` mode the candidate is `ModelNew =
+Model`, the honest solution KernelBench's harness accepts: every one should be correct. In `hardened` mode `ModelNew`
+holds the program's module and passes its result through a one-line C++ extension that returns it as it came
+(`OWN_KERNEL`), so that it passes the static screen and runs the whole hardened path (signed draws, batched timing on
+the arena, every call checked); each should then be rejected only for replacing nothing of the reference, or be
+correct where the reference computes nothing the profile counts. Any other verdict is the hardened path failing an
+honest program. Its timing, the program against itself, is printed too: it should read about 1.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import functools
 import hashlib
 import json
+import operator
 import sys
 import time
 from dataclasses import dataclass
@@ -207,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="results/bench/kernelbook_like")
     parser.add_argument("--verify", type=int, default=0, help="then verify N tasks, each its own candidate")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where --verify runs")
+    parser.add_argument("--mode", default="kernelbench", choices=["kernelbench", "hardened"], help="--verify's mode")
     args = parser.parse_args(argv)
     from concur.tasks.stage import build_tasks
 
@@ -234,38 +242,86 @@ def main(argv: list[str] | None = None) -> None:
     for reason, n in reasons.most_common(12):
         print(f"| {reason} | {n} |")
     if args.verify:
-        verify_own(train.head(args.verify), out, args.device)
+        verify_own(train.head(args.verify), out, args.device, args.mode)
 
 
-def verify_own(tasks, out: Path, device: str) -> None:
-    """Verify each task with its own program as the candidate, in `kernelbench` mode (hardened mode rejects a
-    candidate that replaces nothing); the verdicts go to out/verdicts.parquet."""
+# what each mode should say of a task's own program: (status, the reason's start) pairs
+EXPECTED = {
+    "kernelbench": [("correct", "")],
+    "hardened": [("rejected", "check:replaced_nothing"), ("correct", "")],
+}
+OWN_KERNEL = """
+
+from torch.utils.cpp_extension import load_inline as _load_inline
+
+_own = _load_inline(name="own_program_passthrough", cpp_sources=[r\"\"\"
+py::object passthrough(py::object x) { return x; }
+\"\"\"], functions=["passthrough"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self, *init):
+        super().__init__()
+        self.inner = Model(*init)
+
+    def forward(self, *args):
+        return _own.passthrough(self.inner(*args))
+"""
+
+
+def own_candidate(code: str, mode: str) -> str:
+    """A task's program as its own candidate in `mode` (see the module's docstring)."""
+    return code + ("\n\nModelNew = Model\n" if mode == "kernelbench" else OWN_KERNEL)
+
+
+def verify_own(tasks, out: Path, device: str, mode: str = "kernelbench") -> None:
+    """Verify each task with its own program as the candidate in `mode`; the verdicts go to out/verdicts.parquet,
+    each timing's quickest per-call times and their ratio (whatever the verdict) to out/timed_against_itself.json.
+    Each should come back as `EXPECTED[mode]` says (status, reason's start)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from verify_frames import candidates_frame
 
-    from concur.verify import compile_frame, verify_frame
+    from concur.verify import api, compile_frame, timing, verify_frame
 
-    rows = [(f"{t.task_id}:own", t.task_id, t.code + "\n\nModelNew = Model\n") for t in tasks.itertuples()]
+    rows = [(f"{t.task_id}:own", t.task_id, own_candidate(t.code, mode)) for t in tasks.itertuples()]
     candidates = candidates_frame(rows)
-    settings = {"device": device, "mode": "kernelbench", "workers": 1 if device == "cpu" else 4}
+    settings = {"device": device, "mode": mode, "workers": 1 if device == "cpu" else 4}
     settings["build_cache"] = str(out / "cache")
     started = time.perf_counter()
     builds = compile_frame(candidates, settings, out / "compile", False, tasks=tasks)
-    verdicts = verify_frame(candidates, tasks, settings, out / "verify", False, builds=builds)
+    timings: dict = {}  # the times of every candidate timed, whatever its verdict (a rejected row has none)
+    api.TRACE_SINK = lambda cid, report: timings.__setitem__(cid, report.timing)
+    try:
+        verdicts = verify_frame(candidates, tasks, settings, out / "verify", False, builds=builds)
+    finally:
+        api.TRACE_SINK = None
     seconds = time.perf_counter() - started
     verdicts.to_parquet(out / "verdicts.parquet")
-    speedups = verdicts.loc[verdicts["correct"], "speedup"].astype(float)
-    measured = speedups.dropna()
+    reasons = verdicts["reason"].fillna("")
+    expected = functools.reduce(
+        operator.or_, [(verdicts["status"] == st) & reasons.str.startswith(r) for st, r in EXPECTED[mode]]
+    )
+    correct = expected & verdicts["correct"]
+    timed = verdicts.loc[correct, "speedup"].astype(float).dropna()
     flags = collections.Counter(f for row in verdicts["flags"].fillna("") for f in str(row).split(",") if f)
-    print(f"\n| own programs verified ({device}, kernelbench mode) | {len(verdicts)} in {seconds:.0f} s |\n|---|---|")
-    for status, n in verdicts["status"].value_counts().items():
-        print(f"| {status} | {n} |")
-    if len(measured):
-        quartiles = measured.quantile([0.0, 0.25, 0.5, 0.75, 1.0]).round(3).tolist()
-        print(f"| correct speedups, min / quartiles / max | {quartiles} ({len(speedups) - len(measured)} unresolved) |")
+    print(f"\n| own programs verified ({device}, {mode} mode) | {len(verdicts)} in {seconds:.0f} s |\n|---|---|")
+    for found, n in verdicts["status"].value_counts().items():
+        print(f"| {found} | {n} |")
+    named = " or ".join(f"{st}{': ' + r if r else ''}" for st, r in EXPECTED[mode])
+    print(f"| as expected ({named}) | {int(expected.sum())} |")
+    if len(timed):
+        quartiles = timed.quantile([0.0, 0.25, 0.5, 0.75, 1.0]).round(3).tolist()
+        unresolved = int(correct.sum()) - len(timed)
+        print(f"| their speedups, min / quartiles / max | {quartiles} ({unresolved} unresolved) |")
+    own = {cid: (t.ref.best_ms, t.new.best_ms, timing.speedup(t.ref, t.new)) for cid, t in timings.items() if t}
+    (out / "timed_against_itself.json").write_text(json.dumps(own, indent=1))
+    resolved = sorted(x for _, _, x in own.values() if x == x)
+    if mode == "hardened" and resolved:  # the program against itself: what the clock reads where nothing changed
+        spread = [round(resolved[round(q * (len(resolved) - 1))], 3) for q in (0.0, 0.25, 0.5, 0.75, 1.0)]
+        print(f"| timed against itself, min / quartiles / max | {spread} ({len(own) - len(resolved)} unresolved) |")
     print(f"| flags | {dict(flags.most_common()) or 'none'} |")
-    for row in verdicts[~verdicts["correct"]].itertuples():
-        print(f"not correct: {row.task_id}: {row.status}: {str(row.reason)[:160]}")
+    for row in verdicts[~expected].itertuples():
+        print(f"not as expected: {row.task_id}: {row.status}: {str(row.reason)[:160]}")
 
 
 if __name__ == "__main__":

@@ -114,6 +114,20 @@ def test_paritybench_test_cases_become_kernelbook_rows_the_loader_takes(tmp_path
     assert model(*namespace["get_inputs"]()).shape == (4, 4) and model.scale == 2.0
 
 
+def test_a_kernelbook_program_as_its_own_hardened_candidate_passes_the_static_screen(tmp_path):
+    """`--verify --mode hardened` wraps a task's own program so that the static screen lets it through (a kernel
+    whose result forward returns, no subclass of Model); as KernelBench's `ModelNew = Model` it would not."""
+    from concur.tasks import adapt_kernelbook
+    from concur.verify.screen import screen
+
+    bench = load_benchmark("kernelbook_programs")
+    (tmp_path / "test_someone_repo.py").write_text(PARITYBENCH_STYLE)
+    rows, _ = bench.rows_of(tmp_path, 10)
+    code = adapt_kernelbook(rows[0]["python_code"], "Scaled")
+    assert [f.rule for f in screen(bench.own_candidate(code, "kernelbench"))] == ["no_custom_kernel"]
+    assert screen(bench.own_candidate(code, "hardened")) == []
+
+
 def test_the_contestant_loop_probe_reports_through_the_verifier(tmp_path):
     """The probe candidate of loop_in_contestant passes the static screen, runs its loops inside a hardened CPU
     contestant, and its three readings come back through its verdict's reason (the CPU's honest C++ relu_add)."""
