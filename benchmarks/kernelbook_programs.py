@@ -274,10 +274,17 @@ def own_candidate(code: str, mode: str) -> str:
     return code + ("\n\nModelNew = Model\n" if mode == "kernelbench" else OWN_KERNEL)
 
 
+def five_numbers(values) -> list[float]:
+    """Min, quartiles and max of a pandas Series, to 3 decimals."""
+    return values.quantile([0.0, 0.25, 0.5, 0.75, 1.0]).round(3).tolist()
+
+
 def verify_own(tasks, out: Path, device: str, mode: str = "kernelbench") -> None:
     """Verify each task with its own program as the candidate in `mode`; the verdicts go to out/verdicts.parquet,
     each timing's quickest per-call times and their ratio (whatever the verdict) to out/timed_against_itself.json.
     Each should come back as `EXPECTED[mode]` says (status, reason's start)."""
+    import pandas as pd
+
     sys.path.insert(0, str(ROOT / "tests"))
     from verify_frames import candidates_frame
 
@@ -310,14 +317,13 @@ def verify_own(tasks, out: Path, device: str, mode: str = "kernelbench") -> None
     named = " or ".join(f"{st}{': ' + r if r else ''}" for st, r in EXPECTED[mode])
     print(f"| as expected ({named}) | {int(expected.sum())} |")
     if len(timed):
-        quartiles = timed.quantile([0.0, 0.25, 0.5, 0.75, 1.0]).round(3).tolist()
         unresolved = int(correct.sum()) - len(timed)
-        print(f"| their speedups, min / quartiles / max | {quartiles} ({unresolved} unresolved) |")
+        print(f"| their speedups, min / quartiles / max | {five_numbers(timed)} ({unresolved} unresolved) |")
     own = {cid: (t.ref.best_ms, t.new.best_ms, timing.speedup(t.ref, t.new)) for cid, t in timings.items() if t}
     (out / "timed_against_itself.json").write_text(json.dumps(own, indent=1))
-    resolved = sorted(x for _, _, x in own.values() if x == x)
-    if mode == "hardened" and resolved:  # the program against itself: what the clock reads where nothing changed
-        spread = [round(resolved[round(q * (len(resolved) - 1))], 3) for q in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    resolved = pd.Series([x for _, _, x in own.values()], dtype=float).dropna()
+    if mode == "hardened" and len(resolved):  # the program against itself: what the clock reads where nothing changed
+        spread = five_numbers(resolved)
         print(f"| timed against itself, min / quartiles / max | {spread} ({len(own) - len(resolved)} unresolved) |")
     print(f"| flags | {dict(flags.most_common()) or 'none'} |")
     for row in verdicts[~expected].itertuples():
