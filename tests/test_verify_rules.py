@@ -1097,6 +1097,28 @@ def test_the_referee_sleeps_only_through_the_first_half_of_a_step():
         assert 0.0 < idle and idle + doorbell.IDLE_SLACK_S <= 0.5 * quickest + 1e-12
 
 
+def test_the_sides_own_clock_moves_the_referees_sleep_only_within_its_own_reading():
+    """Told by the side's own clock how long a step took, the referee sleeps through OWN_SHARE of that and spins
+    on the end of the step only (a spinning core slows the launch core on a VM whose cores share physical ones).
+    Honest: a batch as quick as the quickest by its own clock is still read by the spin. Attack: a candidate whose
+    harness claims a step took longer cannot make the referee sleep past OWN_SHARE of its own reading (it would
+    only read the candidate late anyway), and a claim of nothing, or junk, leaves the half-step sleep."""
+    quickest, own = 0.010, 0.009  # the referee's reading holds the round trip too
+    idle = doorbell.idle_s(quickest, own)
+    assert idle + doorbell.IDLE_SLACK_S == pytest.approx(doorbell.OWN_SHARE * own)
+    assert idle + doorbell.IDLE_SLACK_S < own  # the end of a batch as quick as the quickest is spun on
+    assert doorbell.idle_s(quickest, 1e9) + doorbell.IDLE_SLACK_S == pytest.approx(doorbell.OWN_SHARE * quickest)
+    half = doorbell.idle_s(quickest)
+    for claim in (1e-9, 0.0, -1.0, float("nan"), float("inf"), None):
+        assert doorbell.idle_s(quickest, claim) == half
+    from concur.verify.runner import Runner
+
+    runner = types.SimpleNamespace(own_fastest={})
+    for claim in (9.0, "8", True, 12, None, float("nan"), -3.0, 7.5, 8.0):  # ms, from a reply the candidate writes
+        Runner.paced(runner, doorbell.GO, 100, claim)
+    assert runner.own_fastest == {(doorbell.GO, 100): 0.0075}  # the quickest plain positive number, in seconds
+
+
 def test_referees_take_the_largest_tasks_first(monkeypatch):
     """Tasks are handed out largest first (the greedy longest-first rule), so the referees finish together."""
     from concur.verify import orchestrate
