@@ -139,3 +139,19 @@ def test_the_contestant_loop_probe_reports_through_the_verifier(tmp_path):
     assert isinstance(found, dict) and list(found) == list(bench.READINGS), found
     assert all(eager > 0 and kernel > 0 for eager, kernel in found.values()), found
     assert bench.parse("RuntimeError: no reading") is None
+
+
+def test_the_core_interference_table_times_the_launch_core_beside_each_other_core(capsys):
+    """Every other core of this process gets a row (busy alone), then all of them at once; each row's pace is a
+    positive time; the process's own cores are given back afterwards."""
+    import os
+
+    bench = load_benchmark("core_interference")
+    cores = sorted(os.sched_getaffinity(0))
+    bench.LOOP_STEPS, bench.BEST_OF, bench.SETTLE_S = 20_000, 2, 0.01
+    bench.main(["--core", str(cores[-1])])
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[3:]]
+    busy = ["nothing", *(f"core {c}" for c in cores[:-1]), f"all {len(cores) - 1} others"]
+    assert [r[1].strip() for r in rows] == busy
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
+    assert sorted(os.sched_getaffinity(0)) == cores
