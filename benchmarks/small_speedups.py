@@ -18,13 +18,17 @@ spinning on each of the verifier's other cores (the rest of the referee and the 
 `--bursts [GAP_MS]` two plain readings whose loops are as long as a timed batch (10 ms of the reference's calls, the
 same calls for the kernel), each after a gap (5 ms unless given) asleep or spinning, as timed batches follow the
 referee's other steps;
-`--trace FILE` writes each verification's batch readings (api.TRACE_SINK) there, as JSON. `--device cpu`: the same
-for the CPU's honest C++ relu_add (variant `cpp`), the plain loop timed by the host clock on the verifier's thread
-count (all cores, one worker), over a pool of inputs larger than twice the last-level cache, its extension built by
-the compiler the verifier builds with (verify.host_compiler `auto`), and where that is not load_inline's own (CXX,
-else c++), a reading built by that one too: the compiler alone can change a CPU kernel's speed.
+`--rounds N` takes every reading N times, round by round, and the table shows each row's median and range (the
+host's pace moves between levels over a run, on the H200 virtual machines measured by up to 1.5x from batch to
+batch); `--trace FILE` writes each verification's batch readings (api.TRACE_SINK) there, as JSON.
+`--device cpu`: the same for the CPU's honest C++ relu_add (variant `cpp`), the plain loop timed by the host clock
+on the verifier's thread count (all cores, one worker), over a pool of inputs larger than twice the last-level
+cache, its extension built by the compiler the verifier builds with (verify.host_compiler `auto`), and where that is
+not load_inline's own (CXX, else c++), a reading built by that one too: the compiler alone can change a CPU kernel's
+speed.
 
     python benchmarks/small_speedups.py --variants fast,fast_vec --sizes 256x1024,1024x1024,4096x4096
+    python benchmarks/small_speedups.py --variants fast,fast_vec --sizes 256x1024,1024x1024 --repeats 3 --rounds 4
     python benchmarks/small_speedups.py --device cpu --sizes 8x16,64x256,256x1024
 """
 
@@ -254,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=lambda t: t.split(","))
     parser.add_argument("--mode", default="hardened", choices=["hardened", "kernelbench"])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=1, help="the plain readings and the verifier's, in turn")
     parser.add_argument("--doorbell", choices=["on", "off", "both"], default="on")
     parser.add_argument("--launch-core", choices=["timed", "taken", "off", "both", "all"], default="timed")
     parser.add_argument("--cupti", action="store_true", help="also a plain reading with CUPTI attached")
@@ -309,60 +314,83 @@ def main(argv: list[str] | None = None) -> None:
         default = os.environ.get("CXX") or "c++"
         if Path(chosen).name != default:
             readings.append((f"plain, built by {default}", [], {"CXX": default}))
-    plain: dict[str, dict] = {label: {} for label, _, _ in readings}
-    for v in args.variants:  # one at a time: two readings side by side on one GPU would slow each other
-        for n, (label, extra, env) in enumerate(readings):
-            child = subprocess.run(
-                [sys.executable, __file__, "--one", v, "--sizes", ",".join(args.sizes), "--repeats", str(args.repeats)]
-                + ["--device", args.device]
-                + extra,
-                stdout=subprocess.PIPE,
-                text=True,
-                env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / f"ext-{v}-{n if cpu else 0}"), **env),
-                check=True,
-            )
-            plain[label][v] = json.loads(child.stdout.strip().splitlines()[-1])
-            print(json.dumps({"reading": label, "variant": v, **plain[label][v]}), flush=True)  # kept if cut short
     bells = {"on": [True], "off": [False], "both": [True, False]}[args.doorbell]
     holds = {"both": ["timed", "taken"], "all": ["timed", "taken", "off"]}.get(args.launch_core, [args.launch_core])
-    judged, traces = {}, {}
-    for bell in bells:
-        for core in holds:
-            label = f"verifier, doorbell {'on' if bell else 'off'}" + (f", core {core}" if len(holds) > 1 else "")
-            traced = traces[label] = {} if args.trace else None
-            judged[label] = verifier(
-                args.variants,
-                args.sizes,
-                args.mode,
-                work / f"v-{bell}-{core}",
-                work / "cache",
-                bell,
-                core,
-                traced,
-                args.device,
-            )
-            print(json.dumps({"reading": label, **judged[label]}), flush=True)
-            if args.trace:
-                args.trace.write_text(json.dumps({"plain": plain, "verifier": traces}))
-    print("| task | variant | reading | ref / kernel ms (quickest) | speedup | vs plain loop |")
+    plain: dict[str, dict[str, list]] = {label: {v: [] for v in args.variants} for label, _, _ in readings}
+    judged: dict[str, list] = {}
+    traces: dict[str, list] = {}
+    for number in range(args.rounds):  # round by round, as the host's pace moves between levels over a run
+        for v in args.variants:  # one at a time: two readings side by side on one GPU would slow each other
+            for n, (label, extra, env) in enumerate(readings):
+                child = subprocess.run(
+                    [sys.executable, __file__, "--one", v, "--sizes", ",".join(args.sizes)]
+                    + ["--repeats", str(args.repeats), "--device", args.device]
+                    + extra,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / f"ext-{v}-{n if cpu else 0}"), **env),
+                    check=True,
+                )
+                found = json.loads(child.stdout.strip().splitlines()[-1])
+                plain[label][v].append(found)
+                print(json.dumps({"round": number + 1, "reading": label, "variant": v, **found}), flush=True)
+        for bell in bells:
+            for core in holds:
+                label = f"verifier, doorbell {'on' if bell else 'off'}" + (f", core {core}" if len(holds) > 1 else "")
+                traced = {} if args.trace else None
+                table = verifier(
+                    args.variants,
+                    args.sizes,
+                    args.mode,
+                    work / f"v-{bell}-{core}-{number}",
+                    work / "cache",
+                    bell,
+                    core,
+                    traced,
+                    args.device,
+                )
+                judged.setdefault(label, []).append(table)
+                traces.setdefault(label, []).append(traced)
+                print(json.dumps({"round": number + 1, "reading": label, **table}), flush=True)  # kept if cut short
+                if args.trace:
+                    args.trace.write_text(json.dumps({"plain": plain, "verifier": traces}))
+    print_table(args.sizes, args.variants, plain, judged)
+
+
+def print_table(sizes: list[str], variants: list[str], plain: dict, judged: dict) -> None:
+    """Per task, variant and reading: the quickest times and the speedup, each the median over the rounds (with
+    the speedup's range where there were several), and the speedup's median against the plain loop's."""
+    rounds = max(len(found) for by_variant in plain.values() for found in by_variant.values())
+    speedup = "speedup (median, range)" if rounds > 1 else "speedup"
+    print(f"| task | variant | reading | ref / kernel ms (quickest) | {speedup} | vs plain loop |")
     print("|---|---|---|---:|---:|---:|")
-    for size in args.sizes:
-        for v in args.variants:
-            own = plain["plain"][v][size]
-            other = own["eager_ms"] / own["kernel_ms"]
-            for label, found in plain.items():
-                r = found[v][size]
-                ratio = r["eager_ms"] / r["kernel_ms"]
-                print(
-                    f"| {size} | {v} | {label} | {r['eager_ms']:.4f} / {r['kernel_ms']:.4f} | "
-                    f"{ratio:.2f} (medians' {r['median_ratio']:.2f}) | {ratio / other:.3f} |"
+    for size in sizes:
+        for v in variants:
+            rows = []
+            for label, by_variant in plain.items():
+                found = [r[size] for r in by_variant[v]]
+                ratios = [r["eager_ms"] / r["kernel_ms"] for r in found]
+                note = f" (medians' {median([r['median_ratio'] for r in found]):.2f})"
+                rows.append((label, [r["eager_ms"] for r in found], [r["kernel_ms"] for r in found], ratios, note))
+            for label, tables in judged.items():
+                found = [table[f"{size}:{v}"] for table in tables]
+                statuses = ", ".join(sorted({status for status, *_ in found}))
+                rows.append(
+                    (label, [r[2] for r in found], [r[3] for r in found], [r[1] for r in found], f" ({statuses})")
                 )
-            for label, table in judged.items():
-                status, speedup, ref_ms, new_ms = table[f"{size}:{v}"]
+            other = median(rows[0][3])
+            for label, ref_ms, new_ms, ratios, note in rows:
+                spread = f" {min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else ""
                 print(
-                    f"| {size} | {v} | {label} | {ref_ms:.4f} / {new_ms:.4f} | "
-                    f"{speedup:.2f} ({status}) | {speedup / other:.3f} |"
+                    f"| {size} | {v} | {label} | {median(ref_ms):.4f} / {median(new_ms):.4f} | "
+                    f"{median(ratios):.2f}{spread}{note} | {median(ratios) / other:.3f} |"
                 )
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
 
 
 if __name__ == "__main__":

@@ -155,3 +155,22 @@ def test_the_core_interference_table_times_the_launch_core_beside_each_other_cor
     assert [r[1].strip() for r in rows] == busy
     assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
     assert sorted(os.sched_getaffinity(0)) == cores
+
+
+def test_the_small_speedups_table_gives_each_row_its_median_and_range_over_rounds(capsys):
+    """Three rounds: the plain loop read 2.0, 2.5 and 2.4 (median 2.4), the verifier 2.2, 1.8 and 2.3 (median 2.2):
+    the row shows 2.20 1.80-2.30 and 2.2 / 2.4 against the plain loop, not one round's ratio."""
+    bench = load_benchmark("small_speedups")
+
+    def loop(eager, kernel):
+        return {"256x1024": {"eager_ms": eager, "kernel_ms": kernel, "median_ratio": eager / kernel}}
+
+    plain = {"plain": {"fast": [loop(0.020, 0.010), loop(0.025, 0.010), loop(0.024, 0.010)]}}
+    judged = {"verifier": [{"256x1024:fast": ("correct", r, 0.011 * r, 0.011)} for r in (2.2, 1.8, 2.3)]}
+    bench.print_table(["256x1024"], ["fast"], plain, judged)
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[4].strip() for r in rows] == ["2.40 2.00-2.50 (medians' 2.40)", "2.20 1.80-2.30 (correct)"]
+    assert [r[5].strip() for r in rows] == ["1.000", f"{2.2 / 2.4:.3f}"]
+    assert rows[1][3].strip() == f"{0.011 * 2.2:.4f} / 0.0110"
+    bench.print_table(["256x1024"], ["fast"], {"plain": {"fast": plain["plain"]["fast"][:1]}}, {})
+    assert "2.00 (medians' 2.00)" in capsys.readouterr().out  # one round: no range
