@@ -115,12 +115,12 @@ class Bell:
 def idle_s(fastest: float | None, own: float | None = None) -> float:
     """How long the referee may sleep after ringing before it spins, less what a sleep may overrun; nothing until
     the step was answered once. Where the side's own clock has said how long the step took: OWN_SHARE of the
-    quickest it said, never more than of the quickest answer (the referee's reading, never earlier than the step's
-    end); else half the quickest answer, which also holds what the side's own clock leaves out (a side's first
-    batch read up to 4.6 ms over its own clock on an H200). The spin then covers the end of the step only: on a
-    virtual machine whose cores share physical ones unseen, a spinning core slowed the launch core's calls by up
-    to 1.9x. An answer sooner than the sleep is read late, which only lengthens the side's own time; a candidate
-    that claims less makes the referee spin longer, beside its own batch alone."""
+    quickest it said, never more than of the quickest answer (the referee's own reading); else half the quickest
+    answer, which also holds what the side's own clock leaves out (a side's first batch read up to 4.6 ms over its
+    own clock on an H200). The spin then covers the end of the step only: on a virtual machine whose cores share
+    physical ones unseen, a spinning core slowed the launch core's calls by up to 1.9x. An answer sooner than the
+    sleep is read late, which only lengthens the side's own time; a candidate that claims less makes the referee
+    spin longer, beside its own batch alone."""
     if fastest is None:
         return 0.0
     if own is not None and math.isfinite(own) and own > 0:
