@@ -38,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -370,7 +371,7 @@ def print_table(sizes: list[str], variants: list[str], plain: dict, judged: dict
             for label, by_variant in plain.items():
                 found = [r[size] for r in by_variant[v]]
                 ratios = [r["eager_ms"] / r["kernel_ms"] for r in found]
-                note = f" (medians' {median([r['median_ratio'] for r in found]):.2f})"
+                note = f" (medians' {statistics.median([r['median_ratio'] for r in found]):.2f})"
                 rows.append((label, [r["eager_ms"] for r in found], [r["kernel_ms"] for r in found], ratios, note))
             for label, tables in judged.items():
                 found = [table[f"{size}:{v}"] for table in tables]
@@ -378,19 +379,14 @@ def print_table(sizes: list[str], variants: list[str], plain: dict, judged: dict
                 rows.append(
                     (label, [r[2] for r in found], [r[3] for r in found], [r[1] for r in found], f" ({statuses})")
                 )
-            other = median(rows[0][3])
+            other = statistics.median(rows[0][3])
             for label, ref_ms, new_ms, ratios, note in rows:
                 spread = f" {min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else ""
+                ratio, ref, new = (statistics.median(x) for x in (ratios, ref_ms, new_ms))
                 print(
-                    f"| {size} | {v} | {label} | {median(ref_ms):.4f} / {median(new_ms):.4f} | "
-                    f"{median(ratios):.2f}{spread}{note} | {median(ratios) / other:.3f} |"
+                    f"| {size} | {v} | {label} | {ref:.4f} / {new:.4f} | "
+                    f"{ratio:.2f}{spread}{note} | {ratio / other:.3f} |"
                 )
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
 
 
 if __name__ == "__main__":
