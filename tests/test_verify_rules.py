@@ -422,7 +422,6 @@ def test_a_batchs_clocked_spans_meet_however_long_the_referee_is_held_up_between
         arena=lambda slot, nbytes, stage: SimpleNamespace(bytes=torch.zeros(nbytes, dtype=torch.uint8)),
         ring=lambda *args: time.perf_counter(),
         collect=lambda *args, **kwargs: {"ok": True},
-        paced=lambda *args: None,
         bell=None,
     )
     judge = SimpleNamespace(offset=lambda: 0, sync=lambda: None)
@@ -1096,31 +1095,6 @@ def test_the_referee_sleeps_only_through_the_first_half_of_a_step():
     for quickest in (0.001, 0.002, 0.3):
         idle = doorbell.idle_s(quickest)
         assert 0.0 < idle and idle + doorbell.IDLE_SLACK_S <= 0.5 * quickest + 1e-12
-
-
-def test_the_sides_own_clock_moves_the_referees_sleep_only_below_its_own_reading():
-    """Told by the side's own clock how long a step took, the referee sleeps through OWN_SHARE of that and spins
-    on the end of the step only (a spinning core slows the launch core on a VM whose cores share physical ones),
-    even where its own reading of the first batch was long. Honest: a batch as quick as the quickest by its own
-    clock is still read by the spin. Attack: a candidate whose harness claims a step took longer cannot make the
-    referee sleep past OWN_SHARE of its own reading (that would only read the candidate late anyway); a claim of
-    less only makes the referee spin longer beside the candidate's own batch; junk leaves the half-step sleep."""
-    quickest, own = 0.010, 0.009  # the referee's reading holds the round trip too
-    idle = doorbell.idle_s(quickest, own)
-    assert idle + doorbell.IDLE_SLACK_S == pytest.approx(doorbell.OWN_SHARE * own)
-    assert idle + doorbell.IDLE_SLACK_S < own  # the end of a batch as quick as the quickest is spun on
-    assert doorbell.idle_s(0.008, 0.002) + doorbell.IDLE_SLACK_S < 0.002  # a first reading 4 ms long: not slept
-    assert doorbell.idle_s(quickest, 1e9) + doorbell.IDLE_SLACK_S == pytest.approx(doorbell.OWN_SHARE * quickest)
-    assert doorbell.idle_s(quickest, 1e-9) == 0.0
-    half = doorbell.idle_s(quickest)
-    for claim in (0.0, -1.0, float("nan"), float("inf"), None):
-        assert doorbell.idle_s(quickest, claim) == half
-    from concur.verify.runner import Runner
-
-    runner = types.SimpleNamespace(own_fastest={})
-    for claim in (9.0, "8", True, 12, None, float("nan"), -3.0, 7.5, 8.0):  # ms, from a reply the candidate writes
-        Runner.paced(runner, doorbell.GO, 100, claim)
-    assert runner.own_fastest == {(doorbell.GO, 100): 0.0075}  # the quickest plain positive number, in seconds
 
 
 def test_referees_take_the_largest_tasks_first(monkeypatch):

@@ -20,7 +20,6 @@ sends its own hand-off over the socket.
 from __future__ import annotations
 
 import hashlib
-import math
 import mmap
 import os
 import select
@@ -33,7 +32,6 @@ GO, DONE, HANDOFF, HANDED = 0, 1024, 2048, 3072  # byte offsets of the slots, ea
 LEFT = 512  # from an answering slot: where the referee marks that it stopped spinning on it (a token, no payload)
 _HEAD = struct.Struct("<qqq")  # token, payload length (-1: none), checksum
 IDLE_SHARE = 0.5  # of the quickest answer to a step so far, slept through before spinning on the next one
-OWN_SHARE = 0.8  # of the quickest the side's own clock said a step took (at most of its answer), slept through
 IDLE_SLACK_S = 0.0003  # what a sleep may overrun (timer slack, a halted core's wake-up)
 CHECK_EVERY = 4096  # spins between looks at the socket (a reply there means the other side gave up on the bell)
 
@@ -112,19 +110,11 @@ class Bell:
         os.close(self.fd)
 
 
-def idle_s(fastest: float | None, own: float | None = None) -> float:
-    """How long the referee may sleep after ringing before it spins, less what a sleep may overrun; nothing until
-    the step was answered once. Where the side's own clock has said how long the step took: OWN_SHARE of the
-    quickest it said, never more than of the quickest answer (the referee's own reading); else half the quickest
-    answer, which also holds what the side's own clock leaves out (a side's first batch read up to 4.6 ms over its
-    own clock on an H200). The spin then covers the end of the step only: on a virtual machine whose cores share
-    physical ones unseen, a spinning core slowed the launch core's calls by up to 1.9x. An answer sooner than the
-    sleep is read late, which only lengthens the side's own time; a candidate that claims less makes the referee
-    spin longer, beside its own batch alone."""
+def idle_s(fastest: float | None) -> float:
+    """How long the referee may sleep after ringing before it spins: half the quickest answer to this step so far,
+    less what a sleep may overrun; nothing until one was answered. A side that answers sooner than that is read
+    late by the overrun at most: it can only lengthen its own time, and an honest batch is not twice as fast as
+    the quickest before it."""
     if fastest is None:
         return 0.0
-    if own is not None and math.isfinite(own) and own > 0:
-        idle = OWN_SHARE * min(own, fastest)
-    else:
-        idle = IDLE_SHARE * fastest
-    return max(0.0, idle - IDLE_SLACK_S)
+    return max(0.0, IDLE_SHARE * fastest - IDLE_SLACK_S)

@@ -401,8 +401,6 @@ def timed_round(
     reply = timed["reply"] = handed["go"]
     if not reply.get("ok"):
         raise CallFailed(reply.get("error", "call failed"))
-    own = reply.get("own_clock")
-    runner.paced(doorbell.GO, n, own.get("wall_ms") if isinstance(own, dict) else None)
     outputs = None
     if comparisons.batch_structure(reply.get("outs"), meta, n) is None:
         if not handed["handoff"].get("ok"):

@@ -94,7 +94,6 @@ class Runner:
         self.zygote, self.folder, self.device = zygote, folder, device
         self.spin_s, self.doorbell = spin_s, doorbell
         self.fastest: dict[tuple[int, int], float] = {}  # per timed step and size, its quickest answer
-        self.own_fastest: dict[tuple[int, int], float] = {}  # the same by the contestant's own clock (`paced`)
         (folder / "tmp").mkdir(parents=True, exist_ok=True)
         self.memory_kb, self.max_processes = memory_mb * 1024, max_processes
         spec = {
@@ -208,9 +207,8 @@ class Runner:
         spin: the reply on the socket ends the step). The reply is left to `collect`. Without a doorbell, the
         contestant's notice on the socket ends the step instead (`noticed`).
         Before spinning, the referee sleeps through the first part of the step (doorbell.idle_s), as judged by the
-        quickest answer to the same step of the same `size` (calls in the batch) so far, and by the quickest the
-        contestant's own clock said it took (`paced`): a spinning core slowed the contestant's own by up to 4x on
-        virtual machines whose cores share physical ones."""
+        quickest answer to the same step of the same `size` (calls in the batch) so far: a spinning core slowed the
+        contestant's own by up to 4x on virtual machines whose cores share physical ones."""
         token = secrets.randbits(62)
         if self.bell is not None:
             self.bell.ring(slot, token, payload)
@@ -219,20 +217,13 @@ class Runner:
         if self.bell is None:
             return self.noticed(token, stage, timeout)
         step = (slot, size)
-        idle = doorbell.idle_s(self.fastest.get(step), self.own_fastest.get(step))
+        idle = doorbell.idle_s(self.fastest.get(step))
         if idle > 0:
             time.sleep(idle)
         answered = self.bell.await_token(answer, token, self.spin_s, self.channel.sock)
         if answered is not None:
             self.fastest[step] = min(self.fastest.get(step, math.inf), answered - begin)
         return answered
-
-    def paced(self, slot: int, size: int, own_ms) -> None:
-        """What the contestant's own clock said a step (`slot`, `size`) took, in ms, from its reply: it only paces
-        the referee's sleep before it spins on that step (doorbell.idle_s), so a number of any kind is harmless."""
-        if isinstance(own_ms, float) and math.isfinite(own_ms) and own_ms > 0:
-            step = (slot, size)
-            self.own_fastest[step] = min(self.own_fastest.get(step, math.inf), own_ms / 1000.0)
 
     def noticed(self, token: int, stage: str, timeout: float) -> float:
         """When the step of `token` was answered on the socket: its notice (`{"answered": token}`, sent before the
