@@ -15,11 +15,17 @@ from verify_frames import candidates_frame, tasks_frame
 from concur.verify import compile_frame, sandbox, verify_frame
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verify"
-TASKS = {name: (FIXTURES / f"task_{name}.py").read_text() for name in ("relu_add_large", "relu_add", "relu_rand")}
+NAMES = ("relu_add_large", "relu_add", "relu_rand", "relu_add_in_place")
+TASKS = {name: (FIXTURES / f"task_{name}.py").read_text() for name in NAMES}
 SETTINGS = {"device": "cpu", "mode": "hardened", "timeout_s": 300, "workers": 1, "correctness_trials": 3,
             "signed_trials": 2, "warmup": 1, "timing_min_s": 0.05}  # fmt: skip
-# attacks aimed at a particular task
-ON_SMALL = {"identity": "relu_rand", "one_lazy_call": "relu_add", "pipelined": "relu_add"}
+ON_SMALL = {  # programs aimed at a particular task
+    "identity": "relu_rand",
+    "one_lazy_call": "relu_add",
+    "pipelined": "relu_add",
+    "in_place_as_the_reference": "relu_add_in_place",
+    "in_place_elsewhere": "relu_add_in_place",
+}
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +137,10 @@ def test_global_settings_are_checked(verdicts):
 
 def test_inputs_are_checked_unchanged_and_drawn_to_both_signs(verdicts):
     assert status(verdicts, "mutates_input") == ("rejected", "check:input_mutation: ModelNew changed input(s) [0]")
+    # where the reference itself adds into x, a kernel may too, and only there
+    assert status(verdicts, "in_place_as_the_reference") == ("correct", "")
+    elsewhere = ("rejected", "check:input_mutation: ModelNew changed input(s) [1]")
+    assert status(verdicts, "in_place_elsewhere") == elsewhere
     identity = verdicts[0].loc["identity"]  # right on [0, 1) inputs only
     assert identity["status"] == "incorrect" and identity["reason"].startswith("check:signed_inputs: trial 4")
     assert identity["flags"] == "degenerate_task:identity" and not identity["trusted"]

@@ -238,7 +238,7 @@ def run_trials(bout: Bout, stage_s: dict) -> bool:
             trial.comparison = comparisons.compare(
                 outputs[0], ref, settings, strict_finite=mode.strict_finite, leaf_scale=kind == "signed"
             )
-            trial.mutated = mutated(torch, candidate, specs, values)
+            trial.mutated = [i for i in mutated(torch, candidate, specs, values) if i not in task.writes]
             trial.unready = comparisons.unready(reply.get("taken"), outputs)
             if number == 1:  # last: the float64 reference's hand-off lands beside `ref` in the same arena
                 begin = time.perf_counter()
@@ -280,6 +280,7 @@ def reference_outputs(referee: Referee, task: TaskState, values: list, seed: int
         specs = referee.stage(task.runner, [values], "reference")[0]
     reply = ref_ask(task, {"op": "call", "calls": [{"args": specs, "seed": seed}]}, "reference")
     outputs, _ = ref_handoff(referee, task, reply["outs"])
+    task.writes.update(mutated(referee.torch, task.runner, specs, values))  # a candidate may change these too
     return outputs[0]  # views of the reference's output arena: valid until its next hand-off
 
 

@@ -465,9 +465,8 @@ def replay(bout: Bout, plan: Plan, timed: Timed) -> Replay:
                 timed.mismatch = f"call {number * calls + i + 1}: {failed}"
         timed.unready = timed.unready or comparisons.unready(batch["taken"], outputs, number * calls + 1)
         for i in range(calls):
-            timed.mutated += [
-                j for j in mutated(torch, candidate, batch["specs"][i], batch["values"][i]) if j not in timed.mutated
-            ]
+            changed = mutated(torch, candidate, batch["specs"][i], batch["values"][i])
+            timed.mutated += [j for j in changed if j not in timed.mutated and j not in task.writes]
         ran.billed = charged(ran.forward, ran.stage, ran.handoff, plan, task.overhead_ms)
         if timed.mismatch or timed.unready or replayed_enough(ran, plan, task, budget_s):
             break

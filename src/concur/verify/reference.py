@@ -66,6 +66,7 @@ class TaskState:
         self.setup_s: dict[str, float] = {}  # where setting the task up went (benchmarks); emptied once reported
         self.has_double = None
         self.signed_finite: bool | None = None  # the reference's outputs finite on signed inputs (measure.signed_ok)
+        self.writes: set[int] = set()  # positions of inputs its own calls changed: an in-place program's
         self.init: list = []
         self.init_crosses = True  # the init inputs cross as plain data; else each side makes its own (init_inputs)
         try:
@@ -464,6 +465,7 @@ def timed_go(
 
 
 def mutated(torch, runner, specs: list[dict], values: list) -> list[int]:
+    """Positions of the tensor inputs the side's last call changed, as they lie in its input arena now."""
     arena = runner.arenas["in"].bytes
     changed = []
     for i, (spec, value) in enumerate(zip(specs, values)):

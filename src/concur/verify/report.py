@@ -78,7 +78,7 @@ class Trial:
     error: str | None = None  # the candidate's call raised (its one-line description)
     skipped: str = ""  # why the trial was not judged (a signed draw on which the reference is not finite)
     plain: bool | None = None  # every output a plain torch.Tensor (None: no outputs came back)
-    mutated: list[int] = field(default_factory=list)  # positions of the inputs the call changed
+    mutated: list[int] = field(default_factory=list)  # positions of inputs it changed that the reference never does
     unready: str = ""  # its outputs were not ready on the caller's stream when it returned (comparisons.unready)
     comparison: Comparison | None = None  # the outputs against the reference's (None: never compared)
 
@@ -129,7 +129,7 @@ class Timed:
     unchecked: int = 0  # signed calls left unchecked: the reference is not finite on their inputs
     mismatch: str = ""  # the first timed call whose checked outputs differ from the reference's, and how
     unready: str = ""  # the first timed call whose outputs were not ready when it returned (comparisons.unready)
-    mutated: list[int] = field(default_factory=list)  # positions of inputs a timed call changed
+    mutated: list[int] = field(default_factory=list)  # positions of inputs a timed call changed (as in Trial)
     settled_by: str = ""  # "correctness calls" when no batch was timed
     profiled: bool = False  # the profiled call among the timed ones was made
 
